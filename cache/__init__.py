@@ -1,0 +1,3 @@
+"""stoker.cache."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""stoker.loader."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""stoker.sharder."""
+
+__all__: list[str] = []
