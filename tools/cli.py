@@ -17,6 +17,10 @@ from stoker.manifest import StokerError, stoker_version
 __all__ = ["UsageError", "main"]
 
 _COMMANDS: tuple[str, ...] = (
+    "shard",
+    "verify",
+    "inspect",
+    "demo",
 )
 
 

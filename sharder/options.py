@@ -1,0 +1,77 @@
+"""What a sharding run is asked to do, validated once in one small dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stoker.sharder.errors import ShardOptionsError
+from stoker.sharder.sizes import parse_size
+
+__all__ = ["BATCH_BYTES", "DEFAULT_SHARD_SIZE", "FORMATS", "ShardOptions"]
+
+#: Target uncompressed Arrow bytes per record batch. Big enough that per-batch overhead
+#: vanishes, small enough that a random-access read of one batch stays cheap.
+BATCH_BYTES = 4 << 20
+#: Shard size used when neither ``shard_size`` nor ``rows_per_shard`` is given.
+DEFAULT_SHARD_SIZE = 256 * 10**6
+FORMATS = ("csv", "jsonl", "parquet")
+_COMPRESSIONS = ("none", "zstd")
+
+
+@dataclass(frozen=True, slots=True)
+class ShardOptions:
+    """Options of :func:`stoker.sharder.shard` that shape the output.
+
+    Attributes:
+        rows_per_shard: exact rows per shard (the last one may be smaller).
+        shard_size: target uncompressed bytes per shard (``"256MB"`` or an int); converted
+            to rows from the inputs' average row size. Exclusive with ``rows_per_shard``.
+        compression: ``"none"`` or ``"zstd"`` (Arrow IPC buffer compression).
+        columns: columns to keep, in this order; ``None`` keeps all.
+        format: ``"parquet"``, ``"csv"`` or ``"jsonl"``; ``None`` detects by extension.
+        batch_bytes: target uncompressed bytes per record batch.
+    """
+
+    rows_per_shard: int | None = None
+    shard_size: int | str | None = None
+    compression: str = "none"
+    columns: tuple[str, ...] | None = None
+    format: str | None = None
+    batch_bytes: int = BATCH_BYTES
+
+    def __post_init__(self) -> None:
+        if self.rows_per_shard is not None and self.shard_size is not None:
+            raise ShardOptionsError(
+                f"got both rows_per_shard={self.rows_per_shard!r} and shard_size="
+                f"{self.shard_size!r}; give only one of them.")
+        if self.rows_per_shard is not None and (
+                isinstance(self.rows_per_shard, bool) or not isinstance(self.rows_per_shard, int)
+                or self.rows_per_shard < 1):
+            raise ShardOptionsError(f"rows_per_shard={self.rows_per_shard!r} must be a "
+                                    "positive integer, e.g. 100000.")
+        if self.shard_size is not None:
+            object.__setattr__(self, "shard_size", parse_size(self.shard_size))
+        if self.compression not in _COMPRESSIONS:
+            raise ShardOptionsError(f"compression={self.compression!r} is not supported; "
+                                    f"use one of {', '.join(_COMPRESSIONS)}.")
+        if self.format is not None and self.format not in FORMATS:
+            raise ShardOptionsError(f"format={self.format!r} is not supported; use one of "
+                                    f"{', '.join(FORMATS)} (or leave it out to detect it).")
+        if self.columns is not None:
+            cols = (self.columns,) if isinstance(self.columns, str) else tuple(self.columns)
+            if not cols or any(not isinstance(c, str) or not c for c in cols):
+                raise ShardOptionsError(f"columns={self.columns!r} must be a non-empty list of "
+                                        "column names, e.g. ['x', 'label'].")
+            if len(set(cols)) != len(cols):
+                raise ShardOptionsError(f"columns={list(cols)!r} names a column twice; "
+                                        "list each column once.")
+            object.__setattr__(self, "columns", cols)
+        if isinstance(self.batch_bytes, bool) or not isinstance(self.batch_bytes, int) \
+                or self.batch_bytes < 1:
+            raise ShardOptionsError(f"batch_bytes={self.batch_bytes!r} must be a positive "
+                                    "integer number of bytes.")
+
+    @property
+    def target_shard_bytes(self) -> int:
+        """The byte target used when ``rows_per_shard`` is not given."""
+        return int(self.shard_size) if self.shard_size is not None else DEFAULT_SHARD_SIZE

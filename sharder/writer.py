@@ -1,0 +1,96 @@
+"""Execute one task of a plan: write a shard (Arrow IPC file) or hash an input file.
+
+Tasks are small picklable dataclasses and :func:`run_task` is a plain top-level function,
+so any executor (in-process, process pool, Dask) can run them; each writes its own output
+and a done-record, and returns a small dict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from stoker.manifest import canonical_json, hash_file
+from stoker.sharder.assemble import Piece, assemble_table
+from stoker.sharder.atomic import atomic_write, write_bytes_atomic
+
+__all__ = ["HashTask", "ShardTask", "batch_rows_for", "read_record", "run_task", "write_table"]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardTask:
+    """Write shard ``index`` of a plan to ``dst/path`` and its done-record to ``record``."""
+
+    index: int
+    dst: str
+    path: str
+    record: str
+    pieces: tuple[Piece, ...]
+    file_schema: pa.Schema
+    partition_fields: tuple[pa.Field, ...]
+    schema: pa.Schema
+    compression: str
+    batch_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class HashTask:
+    """Hash input ``index`` (provenance) and write its done-record to ``record``."""
+
+    index: int
+    path: str
+    rel: str
+    record: str
+
+
+def run_task(task: ShardTask | HashTask) -> dict[str, Any]:
+    """Run one task and return its (JSON-able) result, also saved as its done-record."""
+    if isinstance(task, HashTask):
+        digest, size = hash_file(task.path)
+        result: dict[str, Any] = {"kind": "source", "index": task.index, "path": task.rel,
+                                  "bytes": size, "xxh3_128": digest, "rows": 0}
+    else:
+        table = assemble_table(task.pieces, task.file_schema, task.partition_fields, task.schema)
+        info = write_table(table, Path(task.dst) / task.path, task.compression, task.batch_bytes)
+        result = {"kind": "shard", "index": task.index, "path": task.path, **info}
+    write_bytes_atomic(task.record, canonical_json(result))
+    return result
+
+
+def batch_rows_for(table: pa.Table, batch_bytes: int) -> int:
+    """Rows per record batch: ``batch_bytes`` of this table's average row, at least 1."""
+    return max(1, batch_bytes * table.num_rows // max(1, table.nbytes))
+
+
+def write_table(table: pa.Table, target: Path, compression: str,
+                batch_bytes: int) -> dict[str, Any]:
+    """Write ``table`` as an Arrow IPC file at ``target`` atomically; return its record.
+
+    Batches hold ``batch_rows_for(table)`` rows (the last fewer). Each batch is one
+    contiguous chunk per column: zero-copy when it lies inside one input chunk.
+    """
+    step = batch_rows_for(table, batch_bytes)
+    options = pa.ipc.IpcWriteOptions(
+        compression=None if compression == "none" else compression, use_threads=False)
+    batch_rows = []
+    with atomic_write(target) as out:
+        with pa.ipc.new_file(pa.PythonFile(out, mode="w"), table.schema, options=options) as w:
+            for offset in range(0, table.num_rows, step):
+                piece = table.slice(offset, step).combine_chunks()
+                w.write_table(piece)
+                batch_rows.append(piece.num_rows)
+    return {"rows": table.num_rows, "bytes": out.size, "xxh3_128": out.hexdigest(),
+            "batch_rows": batch_rows, "arrow_bytes": table.nbytes}
+
+
+def read_record(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """A done-record, or ``None`` when it is missing or unreadable (the task is then redone)."""
+    try:
+        return json.loads(Path(path).read_bytes())
+    except (OSError, ValueError):
+        return None
