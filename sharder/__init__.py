@@ -7,7 +7,7 @@ then writes every shard independently, so the output is byte-identical for any w
 from stoker.sharder.errors import ShardOptionsError, SharderError
 from stoker.sharder.executor import Executor, LocalExecutor
 from stoker.sharder.options import BATCH_BYTES, DEFAULT_SHARD_SIZE, ShardOptions
-from stoker.sharder.shard import shard
+from stoker.sharder.sharding import shard
 from stoker.sharder.sizes import format_size, parse_size
 
 __all__ = [
