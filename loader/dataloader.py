@@ -1,0 +1,457 @@
+"""``stoker.loader.DataLoader``: a drop-in ``torch.utils.data.DataLoader`` with an order contract.
+
+For a stoker dataset (path, URL or Manifest) and for any map-style torch ``Dataset`` without a
+sampler, the sample order of an epoch is a pure function of (dataset fingerprint, seed,
+epoch, order options); batches are computed by workers and yielded in sequence order, and
+``state_dict()`` / ``load_state_dict()`` resume with exactly the next sample, also with another
+``num_workers`` or world size. With a user ``sampler`` / ``batch_sampler`` the order is the
+sampler's, exactly as in torch.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler, IterableDataset, Sampler
+from torch.utils.data._utils.collate import default_collate, default_convert
+
+from stoker.loader.arrow_source import ArrowSource
+from stoker.loader.errors import StateError
+from stoker.loader.order import EpochOrder, OrderOptions
+from stoker.loader.schedule import BatchPlan, rank_batch_ids
+from stoker.loader.seed import resolve_seed, resolve_world
+from stoker.loader.state import LoaderState
+from stoker.loader.stats import LoaderStats
+from stoker.loader.torch_source import TorchSource
+from stoker.loader.transfer import Transfer
+from stoker.loader.workers import WorkerPool, make_pool
+from stoker.manifest import Manifest, redact_url
+
+__all__ = ["DataLoader"]
+
+
+class DataLoader:
+    """Iterable over batches, accepting ``torch.utils.data.DataLoader``'s arguments.
+
+    Args beyond torch's:
+        seed: the order seed; default drawn from ``generator`` or torch's global RNG (recorded).
+        columns: columns to read from a stoker dataset (default all).
+        features: numeric columns stacked into ``batch["features"]``, float32 ``[B, K]``.
+        transform: a function applied to each whole batch inside the workers.
+        rank, world_size: default from torch.distributed or RANK / WORLD_SIZE.
+        partitions, block_size, partition_mode: order options (see ``OrderOptions``).
+        worker_mode: ``"thread"`` (default) or ``"process"``.
+        device: move batches there (``"cuda"``: pinned host buffers + side-stream copies).
+        cache_dir, cache_limit, storage_options: for remote datasets (node-local cache).
+        ledger, ledger_ids: write a reproducibility ledger to this path.
+
+    ``batch_size`` is per rank, as in torch DDP: the global batch is ``batch_size * world_size``.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Sampler | Sequence[int] | None = None,
+        batch_sampler: Sampler[list[int]] | Sequence[list[int]] | None = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[Any], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: str | None = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        seed: int | None = None,
+        columns: Sequence[str] | None = None,
+        features: Sequence[str] | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        partitions: int | None = None,
+        block_size: int = 0,
+        partition_mode: str = "redraw",
+        worker_mode: str = "thread",
+        device: str | torch.device | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        ledger: str | os.PathLike[str] | None = None,
+        ledger_ids: bool = False,
+    ) -> None:
+        _check_torch_args(batch_size, shuffle, sampler, batch_sampler, drop_last, num_workers,
+                          timeout, prefetch_factor, persistent_workers)
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.num_workers = num_workers
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.prefetch_factor = 2 if prefetch_factor is None else prefetch_factor
+        self.persistent_workers = persistent_workers
+        self.transform = transform
+        self.worker_mode = worker_mode
+        if worker_mode not in ("thread", "process"):
+            raise ValueError(f"worker_mode={worker_mode!r} is not supported; use 'thread' or 'process'")
+        self.rank, self.world_size = resolve_world(rank, world_size)
+        self._cache = None
+        self._source = self._make_source(dataset, columns, features, collate_fn, batch_size,
+                                         cache_dir, cache_limit, storage_options)
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        self._mode = "sampler" if (sampler is not None or batch_sampler is not None) else "order"
+        if self._mode == "sampler" and self.world_size > 1:
+            raise ValueError("with a sampler or batch_sampler the sampler decides what each rank "
+                             "reads (e.g. DistributedSampler); leave world_size at 1 or drop the "
+                             "sampler to use stoker's partitioned order.")
+        self.seed = resolve_seed(seed, generator)
+        shuffle = bool(shuffle)
+        default_partitions = OrderOptions().partitions
+        self.order_options = OrderOptions(
+            shuffle=shuffle,
+            partitions=partitions if partitions is not None else max(default_partitions, self.world_size),
+            block_size=block_size,
+            partition_mode=partition_mode,
+        ).resolve(self._source.shard_rows)
+        if self._mode == "order" and self.order_options.partitions % self.world_size:
+            raise ValueError(f"world_size={self.world_size} must divide partitions="
+                             f"{self.order_options.partitions}; pass partitions= a multiple of "
+                             "every world size you plan to resume with (e.g. 8 or 64).")
+        self._plan = BatchPlan(int(self._source.shard_rows.sum()), (batch_size or 1) * self.world_size,
+                               self.world_size, self.rank, drop_last)
+        self._epoch = 0
+        self._step = 0
+        self._pool: WorkerPool | None = None
+        self._active: _Iter | None = None
+        self._transfer = Transfer(pin_memory=pin_memory or bool(pin_memory_device),
+                                  device=device or (pin_memory_device or None),
+                                  depth=self.prefetch_factor)
+        self.stats = LoaderStats()
+        self._ledger = None
+        self._ledger_path = ledger
+        self._ledger_ids = ledger_ids
+        self._task = _BatchTask(self._source, self._collate, transform)
+
+    # -- construction helpers --------------------------------------------------------------
+    def _make_source(self, dataset: Any, columns: Sequence[str] | None,
+                     features: Sequence[str] | None, collate_fn: Callable[[Any], Any] | None,
+                     batch_size: int | None, cache_dir: Any, cache_limit: Any,
+                     storage_options: Mapping[str, Any] | None) -> ArrowSource | TorchSource:
+        if isinstance(dataset, (str, os.PathLike, Manifest)):
+            manifest = dataset if isinstance(dataset, Manifest) else \
+                Manifest.load(os.fspath(dataset), storage_options)
+            self.location = redact_url(manifest.root or "")
+            opener = None
+            if cache_dir is not None or _is_remote(manifest.root):
+                from stoker.loader.remote import open_cache
+
+                self._cache, opener = open_cache(manifest, cache_dir, cache_limit, storage_options)
+            if batch_size is None:
+                raise ValueError("batch_size=None (no batching) is supported for map-style torch "
+                                 "datasets only; pass batch_size >= 1 for a stoker dataset.")
+            source = ArrowSource(manifest, columns=columns, features=features, opener=opener)
+            self._collate = collate_fn
+            return source
+        if isinstance(dataset, IterableDataset):
+            raise TypeError("IterableDataset is not supported: stoker's order needs random access. "
+                            "Convert the data with `stoker shard` or pass a map-style Dataset.")
+        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+            raise TypeError(f"dataset must be a stoker dataset path/URL, a Manifest or a map-style "
+                            f"torch Dataset with __len__ and __getitem__; got {type(dataset).__name__}")
+        self.location = f"<{type(dataset).__name__}>"
+        if columns is not None or features is not None:
+            raise ValueError("columns= and features= apply to stoker datasets only")
+        self._collate = None
+        collate = collate_fn or (default_collate if batch_size is not None else default_convert)
+        return TorchSource(dataset, collate, batched=batch_size is not None)
+
+    # -- torch-compatible surface -----------------------------------------------------------
+    def __len__(self) -> int:
+        if self._mode == "sampler":
+            return len(self._batches_from_sampler())
+        return self._plan.steps_per_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next iteration reads; keeps a resumed mid-epoch position."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if epoch != self._epoch:
+            self._epoch, self._step = epoch, 0
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._active is not None:
+            self._active.close()
+        if self._step >= len(self):  # a state saved right at the end of an epoch
+            self._epoch, self._step = self._epoch + 1, 0
+        self._active = _Iter(self)
+        return self._active
+
+    # -- state -----------------------------------------------------------------------------
+    def _state(self) -> LoaderState:
+        return LoaderState(
+            fingerprint=self._source.fingerprint, kind=self._source.kind,
+            num_samples=self._plan.num_samples, seed=self.seed, epoch=self._epoch,
+            step=self._step, global_batch=self._plan.global_batch, drop_last=self.drop_last,
+            order=self.order_options.to_dict(), world_size=self.world_size, rank=self.rank,
+            mode=self._mode)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last batch yielded: JSON-plain, small."""
+        return self._state().to_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state``: the next batch is the one after the state's last batch."""
+        saved = LoaderState.from_dict(state)
+        saved.check_compatible(self._state())
+        if self._active is not None:
+            self._active.close()
+        self.seed = saved.seed
+        self._epoch, self._step = saved.epoch, saved.step
+        if self._step > len(self):
+            raise StateError(f"state step {saved.step} is past the end of the epoch "
+                             f"({len(self)} steps); the state does not belong to this loader.")
+        if self._ledger is not None:
+            self._ledger.event("resume", state=saved.to_dict())
+        self._resumed_from = saved.to_dict()
+
+    # -- internals ---------------------------------------------------------------------------
+    def _batches_from_sampler(self) -> Sequence[Any]:
+        if self.batch_sampler is not None:
+            return self.batch_sampler  # type: ignore[return-value]
+        if self.batch_size is None:
+            return [[i] for i in self.sampler]  # type: ignore[union-attr]
+        return BatchSampler(self.sampler, self.batch_size, self.drop_last)  # type: ignore[arg-type]
+
+    def _get_pool(self) -> WorkerPool | None:
+        if self.num_workers == 0:
+            return None
+        if self._pool is None:
+            self._pool = make_pool(self._task, self.num_workers, self.worker_mode,
+                                   self.worker_init_fn, self.multiprocessing_context)
+        return self._pool
+
+    def _release_pool(self) -> None:
+        if self._pool is not None and not self.persistent_workers:
+            self._pool.close()
+            self._pool = None
+
+    def _ledger_writer(self) -> Any:
+        if self._ledger_path is None or self._ledger is not None:
+            return self._ledger
+        from stoker.loader.ledger import LedgerWriter
+
+        header = {
+            "dataset": self.location, "fingerprint": self._source.fingerprint,
+            "num_samples": self._plan.num_samples, "seed": self.seed,
+            "order": self.order_options.to_dict(), "global_batch": self._plan.global_batch,
+            "world_size": self.world_size, "rank": self.rank, "drop_last": self.drop_last,
+            "num_workers": self.num_workers, "worker_mode": self.worker_mode,
+            "start_epoch": self._epoch, "kind": self._source.kind, "mode": self._mode,
+        }
+        if self._source.kind == "torch":
+            header["dataset_len"] = self._plan.num_samples
+        self._ledger = LedgerWriter(self._ledger_path, header, ids=self._ledger_ids)
+        resumed = getattr(self, "_resumed_from", None)
+        if resumed is not None:
+            self._ledger.event("resume", state=resumed)
+        return self._ledger
+
+    def close(self) -> None:
+        """Stop workers, flush the ledger, release the cache; idempotent."""
+        if self._active is not None:
+            self._active.close()
+            self._active = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        if self._ledger is not None:
+            self._ledger.close()
+            self._ledger = None
+        if self._cache is not None:
+            self._cache.close()
+            self._cache = None
+        self._transfer.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+class _BatchTask:
+    """What a worker runs for one batch. Holds no reference to the DataLoader, so worker
+    threads never keep an abandoned loader alive."""
+
+    def __init__(self, source: Any, collate: Callable[[Any], Any] | None,
+                 transform: Callable[[Any], Any] | None) -> None:
+        self.source, self.collate, self.transform = source, collate, transform
+
+    def __call__(self, ids: np.ndarray) -> Any:
+        batch = self.source.fetch(ids)
+        if self.collate is not None:
+            batch = self.collate(batch)
+        if self.transform is not None:
+            batch = self.transform(batch)
+        return batch
+
+
+class _Iter:
+    """One pass over (the rest of) an epoch; yields batches in sequence order."""
+
+    _generation = 0
+
+    def __init__(self, loader: DataLoader) -> None:
+        _Iter._generation += 1
+        self._gen = _Iter._generation
+        self._loader = loader
+        self._epoch = loader._epoch
+        self._closed = False
+        if loader._mode == "order":
+            order = EpochOrder(loader._source.shard_rows, loader._source.fingerprint,
+                               loader.seed, self._epoch, loader.order_options)
+            plan = loader._plan
+            self._ids = lambda step: rank_batch_ids(order, plan, step)
+            self._steps = iter(range(loader._step, plan.steps_per_epoch))
+            cache = loader._cache
+            if cache is not None:
+                start = plan.window(loader._step)[0] if loader._step < plan.steps_per_epoch else 0
+                cache.set_future(order.shard_sequence(start, plan.num_samples, loader.rank,
+                                                      loader.world_size).tolist())
+        else:
+            batches = loader._batches_from_sampler()
+            it = iter(batches)
+            for _ in range(loader._step):
+                next(it)
+            self._sampler_it = it
+            self._ids = None
+            self._steps = iter(range(loader._step, len(batches)))
+        self._pool = loader._get_pool()
+        self._pending: list[tuple[int, np.ndarray]] = []
+        self._submitted = 0
+        depth = loader.num_workers * loader.prefetch_factor
+        self._depth = max(depth, 1)
+        self._ledger = loader._ledger_writer()
+        loader.stats.begin()
+
+    def _next_task(self) -> tuple[int, np.ndarray] | None:
+        step = next(self._steps, None)
+        if step is None:
+            return None
+        if self._ids is not None:
+            return step, self._ids(step)
+        return step, np.asarray(list(next(self._sampler_it)), dtype=np.int64)
+
+    def _fill(self) -> None:
+        while self._pool is not None and len(self._pending) < self._depth:
+            task = self._next_task()
+            if task is None:
+                return
+            self._pool.submit((self._gen, task[0]), task[1])
+            self._pending.append(task)
+
+    def __iter__(self) -> "_Iter":
+        return self
+
+    def __next__(self) -> Any:
+        if self._closed:
+            raise StopIteration
+        loader = self._loader
+        t0 = time.perf_counter()
+        if self._pool is None:
+            task = self._next_task()
+            if task is None:
+                return self._finish()
+            step, ids = task
+            batch = loader._task(ids)
+        else:
+            self._fill()
+            if not self._pending:
+                return self._finish()
+            step, ids = self._pending.pop(0)
+            batch = self._pool.get((self._gen, step), loader.timeout or None)
+            self._fill()
+        batch = loader._transfer(batch)
+        waited = time.perf_counter() - t0
+        between = loader.stats.record(len(ids), waited)
+        if self._ledger is not None:
+            self._ledger.step(self._epoch, step, loader.rank, ids, waited, between)
+        loader._step = step + 1
+        return batch
+
+    def _finish(self) -> Any:
+        loader = self._loader
+        if loader._epoch == self._epoch and loader._active is self:
+            loader._epoch, loader._step = self._epoch + 1, 0
+        self.close()
+        raise StopIteration
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        loader = self._loader
+        if self._pool is not None:
+            if loader.persistent_workers:
+                self._pool.discard_pending()
+            else:
+                loader._release_pool()
+        if self._ledger is not None:
+            self._ledger.flush()
+        if loader._active is self:
+            loader._active = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _is_remote(root: str | None) -> bool:
+    return bool(root) and "://" in root and not root.startswith("file://")  # type: ignore[operator]
+
+
+def _check_torch_args(batch_size: int | None, shuffle: bool | None, sampler: Any,
+                      batch_sampler: Any, drop_last: bool, num_workers: int, timeout: float,
+                      prefetch_factor: int | None, persistent_workers: bool) -> None:
+    """The same argument checks (and messages) as torch's DataLoader."""
+    if num_workers < 0:
+        raise ValueError("num_workers option should be non-negative; use num_workers=0 to "
+                         "disable multiprocessing.")
+    if timeout < 0:
+        raise ValueError("timeout option should be non-negative")
+    if num_workers == 0 and prefetch_factor is not None:
+        raise ValueError("prefetch_factor option could only be specified in multiprocessing. "
+                         "let num_workers > 0 to enable multiprocessing, otherwise set "
+                         "prefetch_factor to None.")
+    if prefetch_factor is not None and prefetch_factor < 0:
+        raise ValueError("prefetch_factor option should be non-negative")
+    if persistent_workers and num_workers == 0:
+        raise ValueError("persistent_workers option needs num_workers > 0")
+    if sampler is not None and shuffle:
+        raise ValueError("sampler option is mutually exclusive with shuffle")
+    if batch_sampler is not None:
+        if batch_size != 1 or shuffle or sampler is not None or drop_last:
+            raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
+                             "shuffle, sampler, and drop_last")
+    elif batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size should be a positive integer or None, got {batch_size!r}")
+    if batch_size is None and drop_last:
+        raise ValueError("batch_size=None option disables auto-batching and is mutually "
+                         "exclusive with drop_last")

@@ -1,0 +1,72 @@
+"""The loader's resumable state: a small dict of plain values, checked on load.
+
+The state names a *global* position (epoch, global steps consumed), not a per-worker or
+per-rank one, which is why it can be loaded with another ``num_workers`` or world size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping
+
+from stoker.loader.errors import StateError
+
+__all__ = ["STATE_FORMAT", "LoaderState"]
+
+STATE_FORMAT = "stoker-loader/1"
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderState:
+    """Where a run is: enough to recompute every later batch and nothing more."""
+
+    fingerprint: str
+    kind: str
+    num_samples: int
+    seed: int
+    epoch: int
+    step: int
+    global_batch: int
+    drop_last: bool
+    order: Mapping[str, Any]
+    world_size: int
+    rank: int
+    mode: str  # "order" (stoker order contract) or "sampler" (user's sampler/batch_sampler)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["order"] = dict(self.order)
+        return {"format": STATE_FORMAT, **d}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "LoaderState":
+        if not isinstance(d, Mapping) or d.get("format") != STATE_FORMAT:
+            got = d.get("format") if isinstance(d, Mapping) else type(d).__name__
+            raise StateError(f"not a stoker loader state (format={got!r}, expected "
+                             f"{STATE_FORMAT!r}); pass the dict returned by state_dict().")
+        names = [f.name for f in fields(cls)]
+        missing = [n for n in names if n not in d]
+        if missing:
+            raise StateError(f"loader state lacks {missing}; pass the dict returned by "
+                             "state_dict() unchanged.")
+        return cls(**{n: d[n] for n in names})
+
+    def check_compatible(self, current: "LoaderState") -> None:
+        """Raise StateError unless this saved state can continue in ``current``'s loader."""
+        if self.fingerprint != current.fingerprint:
+            raise StateError(f"the state was saved for dataset fingerprint {self.fingerprint!r}, "
+                             f"but this loader reads {current.fingerprint!r}; load it into a "
+                             "loader over the same dataset.")
+        for name, why in (("kind", "dataset kind"), ("mode", "ordering mode (sampler vs order)"),
+                          ("num_samples", "number of samples"), ("drop_last", "drop_last"),
+                          ("global_batch", "global batch size (batch_size x world_size)")):
+            saved, now = getattr(self, name), getattr(current, name)
+            if saved != now:
+                raise StateError(f"incompatible state: {why} was {saved!r} when saved and is "
+                                 f"{now!r} now; create the loader with the saved settings.")
+        if dict(self.order) != dict(current.order):
+            diff = {k: (self.order.get(k), current.order.get(k))
+                    for k in set(self.order) | set(current.order)
+                    if self.order.get(k) != current.order.get(k)}
+            raise StateError(f"incompatible state: order options differ (saved, now): {diff}; "
+                             "create the loader with the saved shuffle/partitions/block_size.")

@@ -1,0 +1,53 @@
+"""Loader statistics: how long the consumer waited for data, and how fast batches came."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["LoaderStats"]
+
+
+@dataclass(slots=True)
+class LoaderStats:
+    """Counters of one loader, updated by the consumer thread only.
+
+    ``wait_s`` is time spent inside ``next()`` waiting for a batch; the data-stall share is
+    that time over the wall time since the first batch was requested.
+    """
+
+    batches: int = 0
+    samples: int = 0
+    wait_s: float = 0.0
+    first_batch_s: float | None = None
+    started: float | None = None
+    _last: float | None = field(default=None, repr=False)
+
+    def begin(self) -> None:
+        if self.started is None:
+            self.started = time.perf_counter()
+
+    def record(self, samples: int, waited: float) -> float:
+        """Count one delivered batch; returns the time since the previous one."""
+        now = time.perf_counter()
+        between = 0.0 if self._last is None else now - self._last
+        self._last = now
+        if self.first_batch_s is None and self.started is not None:
+            self.first_batch_s = now - self.started
+        self.batches += 1
+        self.samples += samples
+        self.wait_s += waited
+        return between
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        elapsed = 0.0 if self.started is None else time.perf_counter() - self.started
+        return {
+            "batches": self.batches,
+            "samples": self.samples,
+            "elapsed_s": elapsed,
+            "wait_s": self.wait_s,
+            "data_stall_share": self.wait_s / elapsed if elapsed > 0 else 0.0,
+            "batches_per_s": self.batches / elapsed if elapsed > 0 else 0.0,
+            "samples_per_s": self.samples / elapsed if elapsed > 0 else 0.0,
+            "first_batch_s": self.first_batch_s,
+        }
