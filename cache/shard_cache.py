@@ -1,0 +1,684 @@
+"""ShardCache: a node-local store of verified, materialised shards under a byte budget.
+
+Any number of processes on a node may open the same ``cache_dir``; they coordinate only
+through the file system:
+
+* Per-shard ``flock`` locks (``locks/NNNNNNNN.lock``): a pin holds it *shared*, a download or
+  an eviction holds it *exclusive*. So a shard is downloaded once per node however many ranks
+  and workers ask, a pinned shard is never evicted, and a killed holder's lock vanishes with
+  it (the kernel releases ``flock`` locks on close, including death).
+* A budget lock serialises every decision about bytes: admitting a shard, evicting one,
+  reserving in-flight bytes. Committed files (``shards/`` + ``quarantine/``) stay within
+  ``limit``; files being written (``tmp/``) stay within ``inflight_allowance``; so disk use
+  never exceeds ``limit + inflight_allowance``.
+* Eviction follows Belady: the unpinned shard whose next use (in the future sequence given by
+  :meth:`ShardCache.set_future`) is furthest away goes first; shards never needed again go
+  before any others. Prefetching ahead of need only ever evicts shards needed *later* than
+  the one it fetches, so it never makes the optimal schedule worse.
+
+The cache knows manifests and bytes, never samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import math
+import os
+import threading
+import time
+from typing import Any, Callable, Iterator, Mapping, Sequence
+from urllib.parse import urlsplit
+
+from stoker.cache.errors import CacheError, CacheLimitError
+from stoker.cache.fetch import Fetcher, Job, Mismatch, download
+from stoker.cache.fetch_fsspec import FsspecFetcher, LocalFetcher
+from stoker.cache.fetch_http import HttpFetcher
+from stoker.cache.future import FutureIndex
+from stoker.cache.layout import Layout
+from stoker.cache.lock import FileLock
+from stoker.cache.materialise import materialise
+from stoker.cache.redact import Scrubber
+from stoker.cache.retry import RetryPolicy
+from stoker.cache.sidecar import Sidecar
+from stoker.cache.size import parse_size
+from stoker.cache.stats import CacheStats, _Counters
+from stoker.manifest import Manifest, ShardIntegrityError, hash_file, is_url, redact_url
+
+__all__ = ["ShardCache"]
+
+log = logging.getLogger("stoker.cache")
+
+# In-flight footprint of a zstd shard relative to its stored size: the compressed download
+# plus the uncompressed rewrite, assuming at most 4:1 compression.
+_ZSTD_FOOTPRINT = 5
+# How long a foreground request waits for other processes to unpin shards before giving up.
+_ROOM_WAIT_S = 60.0
+_POLICIES = ("belady", "lru")
+
+
+class ShardCache:
+    """Local, verified, materialised copies of a dataset's shards.
+
+    Args:
+        manifest: the dataset (loaded with :meth:`Manifest.load`, so it knows its root).
+        cache_dir: directory shared by every process of the node; each dataset gets its own
+            sub-directory named by its fingerprint.
+        limit: byte budget for this dataset's cached files: an int, a string such as
+            ``"50GB"``/``"512MiB"``, or ``None`` (unbounded). Must hold the largest shard.
+        storage_options: passed to fsspec (``s3://``, ``gs://``, ...) or to the HTTP client
+            (``headers``); never logged.
+        inflight_allowance: bytes that downloads and materialisations in progress may occupy
+            on top of ``limit``. Default: twice the largest shard (ten times for zstd datasets,
+            which hold a compressed download and its uncompressed rewrite at once).
+        retry: the download retry policy (default :class:`RetryPolicy`).
+        prefetch_workers: threads that download shards ahead of need (0 = none).
+        prefetch_ahead: how many distinct upcoming shards the prefetchers look at.
+        eviction: ``"belady"`` (default; uses :meth:`set_future`) or ``"lru"`` (for
+            comparison; prefetching then uses free space only).
+
+    Raises:
+        CacheLimitError: ``limit`` or ``inflight_allowance`` cannot hold the largest shard.
+        ValueError: an option is malformed.
+    """
+
+    def __init__(self, manifest: Manifest, cache_dir: str | os.PathLike[str], *,
+                 limit: int | str | None = None, storage_options: Mapping[str, Any] | None = None,
+                 inflight_allowance: int | str | None = None, retry: RetryPolicy | None = None,
+                 prefetch_workers: int = 2, prefetch_ahead: int = 8,
+                 eviction: str = "belady") -> None:
+        if not isinstance(manifest, Manifest):
+            raise TypeError(f"manifest must be a stoker Manifest, got {type(manifest).__name__}.")
+        if manifest.root is None:
+            raise ValueError("manifest has no dataset root (built in memory); load it with "
+                             "Manifest.load(location) so shard locations can be resolved.")
+        if not isinstance(prefetch_workers, int) or prefetch_workers < 0:
+            raise ValueError(f"prefetch_workers must be an int >= 0, got {prefetch_workers!r}.")
+        if not isinstance(prefetch_ahead, int) or prefetch_ahead < 1:
+            raise ValueError(f"prefetch_ahead must be an int >= 1, got {prefetch_ahead!r}.")
+        if eviction not in _POLICIES:
+            raise ValueError(f"eviction must be one of {_POLICIES}, got {eviction!r}.")
+        self._manifest = manifest
+        self._zstd = manifest.compression == "zstd"
+        self._limit = None if limit is None else parse_size(limit, "limit")
+        self._allowance = self._check_budget(inflight_allowance)
+        self._policy = retry if retry is not None else RetryPolicy()
+        self._eviction = eviction
+        self._prefetch_ahead = prefetch_ahead
+        self._layout = Layout(cache_dir, manifest.fingerprint)
+        self._scrub = Scrubber(storage_options)
+        self._fetcher = _make_fetcher(manifest.root, storage_options, self._policy)
+        self._counters = _Counters()
+        self._mutex = threading.Lock()
+        self._wake = threading.Condition(self._mutex)
+        self._closed = threading.Event()
+        self._pins: dict[int, int] = {}
+        self._pin_locks: dict[int, FileLock] = {}
+        self._shard_mutexes: dict[int, threading.Lock] = {}
+        self._trusted: dict[int, tuple[int, int, int]] = {}
+        self._future: FutureIndex | None = None
+        self._claimed: set[int] = set()
+        self._clock = itertools.count(1)
+        self._last_used: dict[int, int] = {}
+        self._repair()
+        self._threads = [threading.Thread(target=self._prefetch_loop, name=f"stoker-prefetch-{k}",
+                                          daemon=True) for k in range(prefetch_workers)]
+        for t in self._threads:
+            t.start()
+
+    # -- public API -------------------------------------------------------------------------
+    @property
+    def limit(self) -> int | None:
+        """The byte budget for committed files, or ``None`` (unbounded)."""
+        return self._limit
+
+    @property
+    def inflight_allowance(self) -> int:
+        """Bytes that files being written may add on top of :attr:`limit`."""
+        return self._allowance
+
+    @property
+    def directory(self) -> str:
+        """This dataset's directory inside ``cache_dir``."""
+        return self._layout.root
+
+    def path(self, index: int) -> str:
+        """Local path of shard ``index``, downloading (and verifying) it first if needed.
+
+        The file may be evicted as soon as this returns; read it under :meth:`pin`.
+        """
+        with self.pin(index) as local:
+            return local
+
+    @contextlib.contextmanager
+    def pin(self, index: int) -> Iterator[str]:
+        """``with cache.pin(i) as path:``: shard ``i`` is present and cannot be evicted inside.
+
+        Pins are counted, so nested and concurrent pins of one shard are fine. Pinning a shard
+        also moves the future cursor past its next scheduled read.
+        """
+        i = self._check_index(index)
+        self._acquire(i)
+        try:
+            yield self._layout.data(i)
+        finally:
+            self._release(i)
+
+    def set_future(self, upcoming: Sequence[int]) -> None:
+        """Tell the cache which shards will be read, in order, from now on.
+
+        Drives prefetching (the next ``prefetch_ahead`` distinct shards are fetched in the
+        background) and Belady eviction. Call it again whenever the plan changes (a new
+        epoch, a resume); it costs O(n log n) in the sequence length.
+        """
+        future = FutureIndex(upcoming, self._manifest.num_shards)
+        with self._wake:
+            self._future = future
+            self._wake.notify_all()
+
+    def stats(self) -> CacheStats:
+        """Counters of this process's cache object (no URLs, no secrets)."""
+        return self._counters.snapshot()
+
+    def close(self) -> None:
+        """Stop the prefetch threads and drop this process's pins; idempotent."""
+        if self._closed.is_set():
+            return
+        with self._wake:
+            self._closed.set()
+            self._wake.notify_all()
+        for t in self._threads:
+            t.join()
+        with self._mutex:
+            for lock in self._pin_locks.values():
+                lock.release()
+            self._pin_locks.clear()
+            self._pins.clear()
+
+    def __enter__(self) -> "ShardCache":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"ShardCache(dir={self._layout.root!r}, limit={self._limit}, "
+                f"shards={self._manifest.num_shards}, eviction={self._eviction!r})")
+
+    # -- validation -------------------------------------------------------------------------
+    def _check_budget(self, inflight_allowance: int | str | None) -> int:
+        sizes = self._manifest.shard_bytes
+        largest = int(sizes.max()) if sizes.size else 0
+        big = int(sizes.argmax()) if sizes.size else 0
+        if self._limit is not None and self._limit < largest:
+            raise CacheLimitError(
+                f"cache limit {_human(self._limit)} ({self._limit} bytes) cannot hold shard {big} "
+                f"({self._manifest.shards[big].path!r}, {largest} bytes), so no progress is "
+                f"possible. Raise cache_limit to at least {largest} bytes; several times that "
+                "leaves room for prefetching and for the shards the loader pins at once.")
+        if inflight_allowance is None:
+            return 2 * largest * (_ZSTD_FOOTPRINT if self._zstd else 1)
+        allowance = parse_size(inflight_allowance, "inflight_allowance")
+        if allowance < largest:
+            raise CacheLimitError(
+                f"inflight_allowance {allowance} bytes cannot hold one download of shard {big} "
+                f"({largest} bytes). Raise it to at least {largest} bytes, or leave it unset "
+                "for the default (twice the largest shard).")
+        return allowance
+
+    def _check_index(self, index: int) -> int:
+        n = self._manifest.num_shards
+        if isinstance(index, bool) or not isinstance(index, int) and not hasattr(index, "__index__"):
+            raise TypeError(f"shard index must be an int, got {type(index).__name__}.")
+        i = int(index)
+        if not 0 <= i < n:
+            raise IndexError(f"shard index {i} is out of range for a dataset of {n} shards.")
+        return i
+
+    # -- pinning ------------------------------------------------------------------------------
+    def _shard_mutex(self, i: int) -> threading.Lock:
+        with self._mutex:
+            return self._shard_mutexes.setdefault(i, threading.Lock())
+
+    def _acquire(self, i: int) -> None:
+        with self._shard_mutex(i):
+            with self._mutex:
+                if self._closed.is_set():
+                    raise CacheError("this ShardCache is closed; open a new one.")
+                if self._pins.get(i):
+                    self._pins[i] += 1
+                    self._note_use(i)
+                    self._counters.add("hits")
+                    return
+            lock = FileLock(self._layout.lock(i))
+            try:
+                hit = self._lock_present(i, lock)
+            except BaseException:
+                lock.release()
+                raise
+            with self._wake:
+                self._pins[i] = 1
+                self._pin_locks[i] = lock
+                self._note_use(i)
+                self._wake.notify_all()
+            self._counters.add("hits" if hit else "misses")
+
+    def _note_use(self, i: int) -> None:
+        """Record a read of ``i`` (mutex held): LRU clock and the future cursor."""
+        self._last_used[i] = next(self._clock)
+        if self._future is not None:
+            self._future.advance(i, window=4 * self._prefetch_ahead + 64)
+
+    def _lock_present(self, i: int, lock: FileLock) -> bool:
+        """Hold ``lock`` shared with shard ``i`` complete on disk; True if it already was."""
+        hit = lock.acquire(shared=True, timeout=0)
+        if not hit:
+            self._wait(lock, shared=True)
+        while not self._is_present(i):
+            hit = False
+            lock.release()
+            self._wait(lock, shared=False)
+            if not self._is_present(i):
+                self._fetch_locked(i, prefetch=False)
+            self._wait(lock, shared=True)  # exclusive -> shared; not atomic, so re-check
+        return hit
+
+    def _wait(self, lock: FileLock, *, shared: bool) -> None:
+        while not lock.acquire(shared=shared, timeout=0.25):
+            if self._closed.is_set():
+                raise CacheError("this ShardCache was closed while waiting for a shard lock.")
+
+    def _release(self, i: int) -> None:
+        with self._wake:
+            self._pins[i] -= 1
+            if self._pins[i] == 0:
+                del self._pins[i]
+                lock = self._pin_locks.pop(i, None)
+                if lock is not None:
+                    lock.release()
+            self._wake.notify_all()
+
+    def _is_present(self, i: int) -> bool:
+        """True if shard ``i``'s committed file is vouched for by its sidecar."""
+        try:
+            st = os.stat(self._layout.data(i))
+        except FileNotFoundError:
+            return False
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if self._trusted.get(i) == key:
+            return True
+        side = Sidecar.read(self._layout.sidecar(i))
+        if side is not None and side.matches(self._manifest.shards[i].xxh3_128, st):
+            self._trusted[i] = key
+            return True
+        return False
+
+    # -- fetching -------------------------------------------------------------------------------
+    def _fetch_locked(self, i: int, *, prefetch: bool) -> bool:
+        """Download, verify, materialise and commit shard ``i`` (its lock held exclusive).
+
+        Returns False only when a prefetch declines (no room without hurting the schedule).
+        """
+        shard = self._manifest.shards[i]
+        if not self._with_room(i, shard.bytes, prefetch):
+            return False
+        url = self._manifest.shard_location(i)
+        shown = redact_url(url)
+        temps: list[str] = []
+        try:
+            for attempt in (1, 2):
+                part = self._reserve(i, shard.bytes, "part", prefetch, held=0)
+                if part is None:
+                    return False
+                temps.append(part)
+                problem = self._download(i, url, shown, part)
+                if problem is None:
+                    break
+                self._quarantine(i, part, problem)
+                if attempt == 2:
+                    raise ShardIntegrityError(
+                        f"shard {i} ({shard.path!r}) from {shown} failed verification twice "
+                        f"({problem}); the stored copy is corrupt or differs from the manifest. "
+                        f"Restore the shard or re-create the dataset with `stoker shard`; the "
+                        f"rejected copies are in {self._layout.quarantine}.", shard=shard.path)
+            final, local_hash = part, shard.xxh3_128
+            if self._zstd:
+                final = materialise(part, lambda n: self._reserve_or_fail(i, n, held=shard.bytes))
+                temps.append(final)
+                os.unlink(part)
+                local_hash = hash_file(final)[0]
+            if not self._commit(i, final, local_hash, prefetch):
+                return False
+            self._counters.add("fetches")
+            if prefetch:
+                self._counters.add("prefetches")
+            return True
+        finally:
+            for tmp in temps:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+
+    def _download(self, i: int, url: str, shown: str, part: str) -> str | None:
+        """Fill ``part`` with shard ``i``; None if it verifies, else what was wrong."""
+        shard = self._manifest.shards[i]
+        try:
+            with open(part, "wb") as f:
+                job = Job(url, shown, shard.path, shard.bytes, f, self._counters)
+                download(self._fetcher, job, self._policy, self._counters, self._closed)
+        except Mismatch as exc:
+            return str(exc)
+        digest, size = hash_file(part)
+        if size != shard.bytes:
+            return f"got {size} bytes, the manifest says {shard.bytes}"
+        if digest != shard.xxh3_128:
+            return f"xxh3-128 is {digest}, the manifest says {shard.xxh3_128}"
+        return None
+
+    def _quarantine(self, i: int, path: str, problem: str) -> None:
+        self._counters.add("quarantines")
+        log.warning("shard %d (%s): %s; quarantined, fetching again",
+                    i, self._manifest.shards[i].path, problem)
+        size = os.path.getsize(path)
+
+        def keep() -> None:
+            os.replace(path, self._layout.quarantined(i))
+
+        # Kept for inspection only if that fits the budget without evicting needed shards.
+        if size == 0 or not self._with_room(i, size, True, keep):
+            os.unlink(path)
+
+    def _commit(self, i: int, tmp: str, local_hash: str, prefetch: bool) -> bool:
+        size = os.path.getsize(tmp)
+        if self._limit is not None and size > self._limit:
+            raise CacheLimitError(
+                f"shard {i} ({self._manifest.shards[i].path!r}) takes {size} bytes once "
+                f"materialised (uncompressed), more than the cache limit {self._limit} bytes. "
+                f"Raise cache_limit to at least {size} bytes.")
+
+        def install() -> None:
+            target = self._layout.data(i)
+            os.replace(tmp, target)
+            st = os.stat(target)
+            Sidecar(self._manifest.shards[i].xxh3_128, self._manifest.shards[i].bytes,
+                    local_hash, st.st_size, st.st_mtime_ns, self._zstd).write(
+                        self._layout.sidecar(i))
+
+        return self._with_room(i, size, prefetch, install)
+
+    # -- the byte budget ------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _budget(self) -> Iterator[None]:
+        lock = FileLock(self._layout.budget_lock)
+        self._wait(lock, shared=False)
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def _reserve(self, i: int, nbytes: int, kind: str, prefetch: bool, held: int) -> str | None:
+        """Create the temp file for ``nbytes`` in flight once the allowance has room.
+
+        Prefetches never wait (None = declined). ``held`` is what this very job already has
+        in flight; if that plus ``nbytes`` exceeds the allowance, waiting could never help.
+        """
+        if held + nbytes > self._allowance:
+            raise CacheLimitError(
+                f"shard {i} ({self._manifest.shards[i].path!r}) needs {held + nbytes} bytes in "
+                f"flight at once (download plus uncompressed rewrite), more than "
+                f"inflight_allowance {self._allowance} bytes. Raise inflight_allowance to at "
+                f"least {held + nbytes}.")
+        deadline = time.monotonic() + _ROOM_WAIT_S
+        while True:
+            with self._budget():
+                if self._inflight() + nbytes <= self._allowance:
+                    path = self._layout.temp(i, nbytes, kind)
+                    open(path, "wb").close()
+                    return path
+            if prefetch:
+                return None
+            if time.monotonic() > deadline:
+                raise CacheLimitError(
+                    f"shard {i}: waited {_ROOM_WAIT_S:.0f}s for {nbytes} bytes of "
+                    f"inflight_allowance ({self._allowance} bytes) held by other downloads. "
+                    "Raise inflight_allowance or run fewer concurrent loaders on this node.")
+            if self._closed.wait(0.02):
+                raise CacheError("this ShardCache was closed while waiting to download.")
+
+    def _reserve_or_fail(self, i: int, nbytes: int, held: int) -> str:
+        path = self._reserve(i, nbytes, "mat", False, held)
+        if path is None:  # unreachable for foreground reservations; keeps the type exact
+            raise CacheError(f"shard {i}: no in-flight room to materialise.")
+        return path
+
+    def _inflight(self) -> int:
+        total = 0
+        for entry in os.scandir(self._layout.tmp):
+            info = Layout.temp_info(entry.name)
+            if info is not None:
+                total += info[1]
+        return total
+
+    def _committed(self) -> list[tuple[int | None, int, str]]:
+        """(shard index or None for quarantine, size, path) of every committed file."""
+        out: list[tuple[int | None, int, str]] = []
+        for entry in os.scandir(self._layout.quarantine):
+            with contextlib.suppress(FileNotFoundError):
+                out.append((None, entry.stat().st_size, entry.path))
+        for entry in os.scandir(self._layout.shards):
+            idx = Layout.data_index(entry.name)
+            with contextlib.suppress(FileNotFoundError):
+                out.append((idx, entry.stat().st_size, entry.path))
+        return out
+
+    def _with_room(self, i: int, need: int, prefetch: bool,
+                   action: Callable[[], None] | None = None) -> bool:
+        """Evict until ``need`` more bytes fit in ``limit``, then run ``action`` (budget held).
+
+        A prefetch only evicts shards needed later than ``i`` and never waits; a foreground
+        request evicts any unpinned shard and waits for other processes to unpin.
+        """
+        deadline = time.monotonic() + _ROOM_WAIT_S
+        while True:
+            with self._budget():
+                if self._make_room(i, need, prefetch):
+                    if action is not None:
+                        action()
+                    return True
+            if prefetch:
+                return False
+            self._check_progress(i, need, deadline)
+            if self._closed.wait(0.05):
+                raise CacheError("this ShardCache was closed while waiting for room.")
+
+    def _make_room(self, i: int, need: int, prefetch: bool) -> bool:
+        if self._limit is None:
+            return True
+        files = self._committed()
+        used = sum(size for _, size, _ in files)
+        if used + need <= self._limit:
+            return True
+        for idx, size, path in self._victims(i, files, prefetch):
+            if self._evict(idx, path):
+                used -= size
+                if used + need <= self._limit:
+                    return True
+        return False
+
+    def _victims(self, i: int, files: list[tuple[int | None, int, str]],
+                 prefetch: bool) -> list[tuple[int | None, int, str]]:
+        """Eviction candidates, best first: quarantined copies, then by policy."""
+        quarantined = [f for f in files if f[0] is None]
+        with self._mutex:
+            shards = [f for f in files
+                      if f[0] is not None and f[0] != i and f[0] not in self._pins]
+            if self._eviction == "lru":
+                if prefetch:
+                    return quarantined
+                shards.sort(key=lambda f: self._last_used.get(f[0], 0))  # type: ignore[arg-type]
+                return quarantined + shards
+            future = self._future
+            nxt = {f[0]: (future.next_use(f[0]) if future is not None and f[0] < self._manifest.num_shards  # type: ignore[arg-type]
+                          else math.inf) for f in shards}
+            mine = future.next_use(i) if future is not None else math.inf
+            last = self._last_used
+            if prefetch:
+                shards = [f for f in shards if nxt[f[0]] > mine]
+            # Furthest next use first; among equals (e.g. never needed again), least recent.
+            shards.sort(key=lambda f: (-nxt[f[0]], last.get(f[0], 0)))  # type: ignore[index]
+        return quarantined + shards
+
+    def _evict(self, idx: int | None, path: str) -> bool:
+        if idx is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            return True
+        lock = FileLock(self._layout.lock(idx))
+        if not lock.acquire(shared=False, timeout=0):
+            return False  # pinned or being written by someone, somewhere on this node
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._layout.sidecar(idx))
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        finally:
+            lock.release()
+        self._trusted.pop(idx, None)
+        self._counters.add("evictions")
+        return True
+
+    def _check_progress(self, i: int, need: int, deadline: float) -> None:
+        limit = self._limit or 0
+        with self._mutex:
+            mine = {p for p in self._pins if p != i}
+        pinned = sum(os.path.getsize(self._layout.data(p)) for p in mine
+                     if os.path.exists(self._layout.data(p)))
+        if pinned + need > limit:
+            raise CacheLimitError(
+                f"cache limit {limit} bytes is too small: this process pins {len(mine)} shards "
+                f"({pinned} bytes) and shard {i} needs {need} more. Raise cache_limit to at "
+                f"least {pinned + need} bytes, or pin fewer shards at once.")
+        if time.monotonic() > deadline:
+            raise CacheLimitError(
+                f"shard {i}: waited {_ROOM_WAIT_S:.0f}s for {need} bytes under cache limit "
+                f"{limit} bytes while other processes on this node pin the rest. Raise "
+                "cache_limit (it is shared by every process using this cache_dir).")
+
+    # -- prefetching ------------------------------------------------------------------------------
+    def _prefetch_loop(self) -> None:
+        while not self._closed.is_set():
+            i = self._claim_next()
+            if i is None:
+                with self._wake:
+                    self._wake.wait(0.2)
+                continue
+            declined = True
+            try:
+                lock = FileLock(self._layout.lock(i))
+                if lock.acquire(shared=False, timeout=0):
+                    try:
+                        declined = not self._is_present(i) and not self._fetch_locked(i, prefetch=True)
+                    finally:
+                        lock.release()
+            except Exception as exc:  # noqa: BLE001 - the foreground request retries and reports
+                log.warning("prefetch of shard %d failed (%s: %s); it will be fetched on demand",
+                            i, type(exc).__name__, self._scrub(str(exc)))
+            finally:
+                with self._wake:
+                    self._claimed.discard(i)
+                    if declined:  # no room ahead of need: wait for the reader to move on
+                        self._wake.wait(0.2)
+
+    def _claim_next(self) -> int | None:
+        with self._mutex:
+            if self._future is None or self._closed.is_set():
+                return None
+            for s in self._future.upcoming(self._prefetch_ahead):
+                if s not in self._claimed and s not in self._pins and not self._is_present(s):
+                    self._claimed.add(s)
+                    return s
+        return None
+
+    # -- start-up repair ---------------------------------------------------------------------------
+    def _repair(self) -> None:
+        """Remove what a crash left behind; keep only files their sidecars vouch for."""
+        lay = self._layout
+        for entry in os.scandir(lay.tmp):
+            info = Layout.temp_info(entry.name)
+            if info is None or info[0] >= self._manifest.num_shards:
+                self._remove(entry.path, "foreign temp file")
+                continue
+            with self._try_lock(info[0]) as locked:
+                if locked:  # nobody is writing this shard: the temp file is a crash leftover
+                    self._remove(entry.path, "stale temp file")
+        for entry in os.scandir(lay.shards):
+            idx = Layout.data_index(entry.name)
+            if idx is None or idx >= self._manifest.num_shards or not entry.is_file():
+                self._remove(entry.path, "foreign file")
+                continue
+            with self._try_lock(idx) as locked:
+                if locked and not self._is_present(idx) and not self._readopt(idx):
+                    self._remove(entry.path, "unverified shard file")
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(lay.sidecar(idx))
+        for entry in os.scandir(lay.meta):
+            idx = Layout.meta_index(entry.name)
+            if idx is None or not os.path.exists(lay.data(idx)):
+                self._remove(entry.path, "orphan sidecar")
+
+    def _readopt(self, i: int) -> bool:
+        """Re-hash a committed file its sidecar no longer vouches for; keep it if it verifies."""
+        path = self._layout.data(i)
+        st = os.stat(path)
+        if st.st_size == 0:
+            return False
+        side = Sidecar.read(self._layout.sidecar(i))
+        shard = self._manifest.shards[i]
+        if side is not None and side.source_xxh3_128 == shard.xxh3_128 and side.size == st.st_size:
+            expected = side.local_xxh3_128  # e.g. mtime touched by a copy tool
+        elif side is None and not self._zstd and st.st_size == shard.bytes:
+            expected = shard.xxh3_128  # committed but the sidecar was never written
+        else:
+            return False
+        if hash_file(path)[0] != expected:
+            return False
+        Sidecar(shard.xxh3_128, shard.bytes, expected, st.st_size, st.st_mtime_ns,
+                self._zstd).write(self._layout.sidecar(i))
+        return True
+
+    @contextlib.contextmanager
+    def _try_lock(self, i: int) -> Iterator[bool]:
+        lock = FileLock(self._layout.lock(i))
+        try:
+            yield lock.acquire(shared=False, timeout=0)
+        finally:
+            lock.release()
+
+    def _remove(self, path: str, why: str) -> None:
+        log.warning("cache repair: removing %s %s", why, path)
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.isdir(path) and not os.path.islink(path):
+                import shutil
+
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+        self._counters.add("repaired")
+
+
+def _make_fetcher(root: str, storage_options: Mapping[str, Any] | None,
+                  policy: RetryPolicy) -> Fetcher:
+    scheme = urlsplit(root).scheme.lower() if is_url(root) else ""
+    if scheme in ("http", "https"):
+        return HttpFetcher(storage_options, policy)
+    if scheme in ("", "file"):
+        return LocalFetcher()
+    return FsspecFetcher(storage_options)
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
