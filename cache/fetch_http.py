@@ -118,7 +118,7 @@ def _receive(job: Job, resp: http.client.HTTPResponse) -> None:
     if job.offset == 0 or job.etag is None:
         job.etag = etag
     while job.offset < job.size:
-        chunk = resp.read(min(_CHUNK, job.size - job.offset))
+        chunk = resp.read1(min(_CHUNK, job.size - job.offset))  # returns what has arrived
         if not chunk:
             raise Transient(f"connection closed after byte {job.offset} of {job.size}",
                             status=status)

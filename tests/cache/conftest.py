@@ -28,15 +28,16 @@ SCHEMA = pa.schema([("id", pa.int64()), ("x", pa.float32()), ("blob", pa.binary(
 
 
 def build_dataset(root: Path, n_shards: int = 6, rows: int = 400, batches: int = 4,
-                  compression: str = "none", blob: int = 64, seed: int = 0) -> Manifest:
-    """Write ``n_shards`` Arrow IPC shards (sizes differ a little) and their manifest."""
+                  compression: str = "none", blob: int = 64, seed: int = 0,
+                  grow: int = 7) -> Manifest:
+    """Write ``n_shards`` Arrow IPC shards and their manifest (shard s has rows + grow*s rows)."""
     rng = np.random.default_rng(seed)
     (root / "shards").mkdir(parents=True, exist_ok=True)
     infos = []
     start = 0
     options = pa.ipc.IpcWriteOptions(compression="zstd" if compression == "zstd" else None)
     for s in range(n_shards):
-        n = rows + 7 * s
+        n = rows + grow * s
         per = [n // batches + (1 if b < n % batches else 0) for b in range(batches)]
         rel = f"shards/{s:05d}.arrow"
         with pa.OSFile(str(root / rel), "wb") as sink, \

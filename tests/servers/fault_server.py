@@ -199,15 +199,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Accept-Ranges", "bytes")
         if partial:
             self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-        self.end_headers()
-        sent = self._send_body(owner, path, body, fault)
+        cut = fault is not None and fault.kind in ("reset", "stall", "truncate", "change")
+        sent = min(fault.after, len(body)) if cut and fault is not None else len(body)
+        # Logged before the body goes out: the client may act on the answer at once.
         owner._record(Request(path, rng, if_range, status, sent, headers))
+        self.end_headers()
+        self._send_body(owner, path, body, fault)
 
-    def _send_body(self, owner: FaultServer, path: str, body: bytes, fault: Fault | None) -> int:
+    def _send_body(self, owner: FaultServer, path: str, body: bytes, fault: Fault | None) -> None:
         kind = fault.kind if fault is not None else "none"
         if kind not in ("reset", "stall", "truncate", "change"):
             self._write(body)
-            return len(body)
+            return
         after = fault.after if fault is not None else 0
         self._write(body[:after])
         if fault is not None and kind == "stall":
@@ -215,6 +218,8 @@ class _Handler(BaseHTTPRequestHandler):
         if fault is not None and kind == "change" and fault.new is not None:
             owner.put(path, fault.new)
         self.close_connection = True
+        # Let the client drain what was sent: Linux discards unread data on receiving a RST.
+        owner._stopping.wait(0.1)
         if kind in ("reset", "change"):  # linger 0: close() sends RST instead of FIN
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         else:
@@ -223,7 +228,6 @@ class _Handler(BaseHTTPRequestHandler):
             except OSError:
                 pass
         self.connection.close()
-        return min(after, len(body))
 
     def _write(self, data: bytes) -> None:
         try:
@@ -240,6 +244,6 @@ class _Handler(BaseHTTPRequestHandler):
         if retry_after is not None:
             self.send_header("Retry-After", retry_after)
         self.send_header("Content-Length", str(len(body)))
+        owner._record(Request(path, rng, if_range, status, 0, headers))
         self.end_headers()
         self._write(body)
-        owner._record(Request(path, rng, if_range, status, 0, headers))
