@@ -21,6 +21,7 @@ _COMMANDS: tuple[str, ...] = (
     "verify",
     "inspect",
     "demo",
+    "audit",
 )
 
 

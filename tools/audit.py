@@ -1,0 +1,51 @@
+"""``stoker audit``: prove which samples a run consumed, in which order, and how fast.
+
+:func:`audit` reads one run (or two, to compare), runs every check and returns an
+:class:`~stoker.tools.audit_report.AuditReport`; rendering (terminal, JSON, HTML) is separate.
+Checks: identity, stream (continuity, truncation), resumes, replay, coverage, comparison (with a
+second run), integrity (shards re-hashed), stall (info only).
+"""
+
+from __future__ import annotations
+
+import os
+
+from stoker.tools.audit_compare import compare_check
+from stoker.tools.audit_coverage import coverage_check
+from stoker.tools.audit_integrity import integrity_check
+from stoker.tools.audit_replay import Replayer, open_dataset, replay_check
+from stoker.tools.audit_report import AuditReport, Check
+from stoker.tools.audit_run import load_run
+from stoker.tools.audit_stall import stall_check
+from stoker.tools.audit_stream import identity_check, resume_check, stream_check
+
+__all__ = ["audit"]
+
+
+def audit(run: str | os.PathLike[str], run2: str | os.PathLike[str] | None = None, *,
+          dataset: str | None = None, verify: bool = True) -> AuditReport:
+    """Audit the run at ``run`` (a ledger or a directory of per-rank ledgers).
+
+    Args:
+        run: the run to audit.
+        run2: a second run to compare with (first divergence, header differences).
+        dataset: where the dataset lives now, if not where the ledger says.
+        verify: re-hash the shards of a local dataset.
+    """
+    first = load_run(run)
+    view = open_dataset(first.header, dataset)
+    checks: list[Check] = [identity_check(first), stream_check(first), resume_check(first)]
+    replay, match = replay_check(first, view)
+    checks += [replay, coverage_check(first, match)]
+    if run2 is not None:
+        second = load_run(run2)
+        replayer = Replayer(view.shard_rows) if view.shard_rows is not None else None
+        match2 = None
+        if replayer is not None and second.header.get("fingerprint") == first.header.get("fingerprint"):
+            match2 = replay_check(second, view)[1]
+        checks.append(compare_check(first, second, replayer, match, match2))
+    checks.append(integrity_check(view, verify))
+    stall, series = stall_check(first)
+    checks.append(stall)
+    runs = [os.fspath(run)] + ([os.fspath(run2)] if run2 is not None else [])
+    return AuditReport(runs, checks, {"stall": series})

@@ -1,0 +1,127 @@
+"""Coverage: did each epoch consume every sample exactly once?
+
+Two levels. Steps: every step of an epoch must be covered once by the effective records (all
+ranks of one world size). Samples: with recorded ids, count each id directly; without them,
+coverage follows from the replay (the order is a permutation, so when every step matches the
+replay and every step is covered once, every sample was consumed exactly once). An epoch
+whose covered steps are one contiguous run that does not span the epoch (the run stopped, or
+started from a resume recorded elsewhere) is *partial*: reported, not a failure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from stoker.tools.audit_report import Check
+from stoker.tools.audit_run import Run, plan_of
+
+__all__ = ["coverage_check"]
+
+_SHOWN = 32
+
+
+def coverage_check(run: Run, match: np.ndarray | None) -> Check:
+    """Per-epoch step and sample coverage (``match``: per-record replay result, if any)."""
+    recs = run.records
+    eff = recs["effective"]
+    epochs: list[dict[str, Any]] = []
+    for epoch in np.unique(recs["epoch"][eff]):
+        rows = np.flatnonzero(eff & (recs["epoch"] == epoch))
+        epochs.append(_epoch(run, int(epoch), rows, match))
+    details = {"epochs": epochs}
+    if not epochs:
+        return Check("coverage", "skip", "no steps recorded", details)
+    failed = [e for e in epochs if e["status"] == "fail"]
+    unknown = [e for e in epochs if e["status"] == "unverified"]
+    text = "; ".join(f"epoch {e['epoch']} {e['verdict']}" for e in epochs[:4])
+    text += " ..." if len(epochs) > 4 else ""
+    if failed:
+        return Check("coverage", "fail", text, details)
+    return Check("coverage", "warn" if unknown else "pass", text, details)
+
+
+def _epoch(run: Run, epoch: int, rows: np.ndarray, match: np.ndarray | None) -> dict[str, Any]:
+    recs = run.records[rows]
+    head = run.segment_header(int(recs[0]["file"]), int(recs[0]["seg"]))
+    plan = plan_of(head)
+    spe = plan.steps_per_epoch
+    steps, dup_steps = _step_cover(recs)
+    covered = np.zeros(spe, dtype=bool)
+    covered[[s for s in steps if 0 <= s < spe]] = True
+    runs = np.flatnonzero(np.diff(np.concatenate([[0], covered.astype(np.int8), [0]])))
+    complete = bool(covered.all())
+    contiguous = len(runs) <= 2
+    out: dict[str, Any] = {"epoch": epoch, "steps": spe, "covered_steps": int(covered.sum()),
+                           "duplicate_steps": dup_steps[:_SHOWN], "complete": complete}
+    problems = []
+    if dup_steps:
+        problems.append(f"{len(dup_steps)} step(s) consumed twice")
+    if not complete and not contiguous:
+        holes = np.flatnonzero(~covered)
+        out["missing_steps"] = holes[:_SHOWN].tolist()
+        problems.append(f"{len(holes)} step(s) missing inside the epoch")
+    if run.has_ids:
+        problems += _sample_cover(run, rows, plan, complete, out)
+        out["method"] = "ids"
+    elif match is not None:
+        bad = int((~match[rows]).sum())
+        out["method"] = "replay"
+        if bad:
+            problems.append(f"{bad} step(s) differ from the replay")
+    else:
+        out["method"] = "steps only"
+    state = "complete" if complete else f"partial ({int(covered.sum())}/{spe} steps)"
+    if problems:
+        out["status"], out["verdict"] = "fail", f"{state}: " + ", ".join(problems)
+    elif out["method"] == "steps only":
+        out["status"], out["verdict"] = "unverified", f"{state}, samples unverified (no ids, no replay)"
+    else:
+        out["status"] = "pass"
+        out["verdict"] = (f"{state}: every sample exactly once" if complete
+                          else f"{state}, no sample twice")
+    return out
+
+
+def _step_cover(recs: np.ndarray) -> tuple[list[int], list[int]]:
+    """Steps fully covered (all ranks of a world size once) and steps covered more than once."""
+    full, dups = [], []
+    order = np.lexsort((recs["rank"], recs["world"], recs["step"]))
+    recs = recs[order]
+    bounds = np.flatnonzero(np.diff(recs["step"])) + 1
+    for group in np.split(recs, bounds):
+        pairs = list(zip(group["world"].tolist(), group["rank"].tolist()))
+        worlds = {w for w, _ in pairs}
+        step = int(group[0]["step"])
+        if len(set(pairs)) < len(pairs) or len(worlds) > 1:
+            dups.append(step)
+        if any(sorted(r for w2, r in pairs if w2 == w) == list(range(w)) for w in worlds):
+            full.append(step)
+    return full, dups
+
+
+def _sample_cover(run: Run, rows: np.ndarray, plan: Any, complete: bool,
+                  out: dict[str, Any]) -> list[str]:
+    ids = np.concatenate([run.record_ids(run.records[i]) for i in rows]) if len(rows) else \
+        np.empty(0, dtype=np.int64)
+    n = plan.num_samples
+    problems = []
+    bad = ids[(ids < 0) | (ids >= n)]
+    if bad.size:
+        out["out_of_range_ids"] = bad[:_SHOWN].tolist()
+        problems.append(f"{bad.size} id(s) outside [0, {n})")
+    counts = np.bincount(ids[(ids >= 0) & (ids < n)], minlength=n)
+    dup = np.flatnonzero(counts > 1)
+    out["consumed_samples"], out["distinct_samples"] = int(ids.size), int((counts > 0).sum())
+    out["duplicate_ids"] = dup[:_SHOWN].tolist()
+    if dup.size:
+        problems.append(f"{dup.size} sample(s) consumed more than once")
+    if complete:
+        expected = plan.steps_per_epoch * plan.global_batch if plan.drop_last else n
+        missing = np.flatnonzero(counts == 0)
+        if int((counts > 0).sum()) < expected:
+            if not plan.drop_last:
+                out["missing_ids"] = missing[:_SHOWN].tolist()
+            problems.append(f"{expected - int((counts > 0).sum())} sample(s) never consumed")
+    return problems

@@ -1,0 +1,153 @@
+"""Replay: recompute what every step should have consumed and compare with the ledger.
+
+The order of an epoch is a pure function of (shard rows, fingerprint, seed, epoch, order
+options), all of which a segment header records except the shard rows, which come from the
+dataset's manifest (reloaded from the header's ``dataset`` or the ``--dataset`` override) or,
+for a generic torch dataset, from its length. A manifest whose fingerprint differs from the
+header's is a different dataset: the replay refuses it and the check fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from stoker.loader.ledger_format import ids_digest
+from stoker.loader.order import EpochOrder, OrderOptions
+from stoker.loader.schedule import rank_batch_ids
+from stoker.manifest import Manifest, StokerError
+from stoker.tools.audit_report import Check
+from stoker.tools.audit_run import Run, plan_of
+
+__all__ = ["DatasetView", "Replayer", "open_dataset", "replay_check"]
+
+_SHOWN_IDS = 32
+
+
+@dataclass(slots=True)
+class DatasetView:
+    """What the audit could learn about the run's dataset.
+
+    Attributes:
+        location: where it looked (redacted in the header already).
+        manifest: the manifest when reachable and matching, else ``None``.
+        shard_rows: rows per shard for the replay, or ``None`` when it cannot replay.
+        problem: why the replay cannot run (``None`` when it can).
+        changed: True when a manifest was found but its fingerprint differs (a fail).
+    """
+
+    location: str | None
+    manifest: Manifest | None
+    shard_rows: np.ndarray | None
+    problem: str | None
+    changed: bool = False
+
+
+def open_dataset(header: dict[str, Any], override: str | None) -> DatasetView:
+    """Find the run's dataset (see the module docstring)."""
+    if header.get("mode", "order") != "order":
+        return DatasetView(None, None, None, "the run used its own sampler; its order is the "
+                           "sampler's and cannot be replayed from the ledger")
+    if header.get("kind") == "torch":
+        n = int(header.get("dataset_len", header.get("num_samples", 0)))
+        return DatasetView(None, None, _virtual_rows(n), None)
+    location = override or header.get("dataset")
+    if not location:
+        return DatasetView(None, None, None, "the ledger names no dataset; pass --dataset PATH")
+    try:
+        manifest = Manifest.load(location)
+    except Exception as exc:  # noqa: BLE001 - remote filesystems raise their own error types
+        why = _short(exc)
+        return DatasetView(location, None, None, f"dataset not reachable ({why}); pass --dataset")
+    if manifest.fingerprint != header.get("fingerprint"):
+        return DatasetView(location, manifest, None,
+                           f"dataset at {location} has fingerprint {manifest.fingerprint}, "
+                           f"the run read {header.get('fingerprint')}: the data changed",
+                           changed=True)
+    return DatasetView(location, manifest, manifest.shard_rows, None)
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text[:200]}" if not isinstance(exc, StokerError) else text
+
+
+def _virtual_rows(n: int) -> np.ndarray:
+    try:
+        from stoker.loader.torch_source import virtual_shard_rows
+    except ImportError:
+        return np.array([n], dtype=np.int64)
+    return virtual_shard_rows(n)
+
+
+class Replayer:
+    """Expected ids of ``(segment header, epoch, step, rank)``, with orders cached per epoch."""
+
+    def __init__(self, shard_rows: np.ndarray) -> None:
+        self.shard_rows = shard_rows
+        self._orders: dict[tuple[Any, ...], EpochOrder] = {}
+
+    def expected(self, header: dict[str, Any], epoch: int, step: int, rank: int) -> np.ndarray:
+        key = (header["fingerprint"], int(header["seed"]), epoch,
+               tuple(sorted(header.get("order", {}).items())))
+        order = self._orders.get(key)
+        if order is None:
+            if len(self._orders) > 8:
+                self._orders.clear()
+            order = EpochOrder(self.shard_rows, header["fingerprint"], int(header["seed"]), epoch,
+                               OrderOptions.from_dict(dict(header.get("order", {}))))
+            self._orders[key] = order
+        return rank_batch_ids(order, plan_of(header, rank), step)
+
+
+def replay_check(run: Run, view: DatasetView) -> tuple[Check, np.ndarray | None]:
+    """Compare every recorded step with the replay; returns the check and a per-record match."""
+    if view.shard_rows is None:
+        status = "fail" if view.changed else "skip"
+        return Check("replay", status, view.problem or "not replayable",
+                     {"dataset": view.location}), None
+    replayer = Replayer(view.shard_rows)
+    recs = run.records
+    match = np.zeros(len(recs), dtype=bool)
+    first: dict[str, Any] | None = None
+    try:
+        for i, row in enumerate(recs):
+            head = run.segment_header(int(row["file"]), int(row["seg"]))
+            exp = replayer.expected(head, int(row["epoch"]), int(row["step"]), int(row["rank"]))
+            match[i] = len(exp) == int(row["count"]) and ids_digest(exp) == int(row["digest"])
+            if not match[i] and first is None:
+                first = _mismatch(run, row, exp)
+    except (StokerError, ValueError, IndexError, KeyError) as exc:
+        return Check("replay", "fail", f"the ledger cannot be replayed: {exc}",
+                     {"error": str(exc)}), None
+    bad = int((~match).sum())
+    details = {"steps": len(recs), "mismatched": bad, "dataset": view.location,
+               "first_mismatch": first}
+    if bad:
+        where = f"epoch {first['epoch']} step {first['step']} rank {first['rank']}" if first else ""
+        return Check("replay", "fail", f"{bad} of {len(recs)} steps differ from the replay; "
+                     f"first at {where}", details), match
+    return Check("replay", "pass", f"all {len(recs)} steps match the replayed order",
+                 details), match
+
+
+def _mismatch(run: Run, row: np.void, expected: np.ndarray) -> dict[str, Any]:
+    got = run.record_ids(row)
+    out: dict[str, Any] = {
+        "epoch": int(row["epoch"]), "step": int(row["step"]), "rank": int(row["rank"]),
+        "file": run.ledgers[int(row["file"])].path,
+        "expected_count": len(expected), "consumed_count": int(row["count"]),
+        "expected_digest": f"{ids_digest(expected):016x}",
+        "consumed_digest": f"{int(row['digest']):016x}",
+        "expected_ids": expected[:_SHOWN_IDS].tolist(),
+    }
+    if got is not None:
+        out["consumed_ids"] = got[:_SHOWN_IDS].tolist()
+        out["missing_ids"] = np.setdiff1d(expected, got)[:_SHOWN_IDS].tolist()
+        out["unexpected_ids"] = np.setdiff1d(got, expected)[:_SHOWN_IDS].tolist()
+        diff = np.flatnonzero(expected != got) if len(got) == len(expected) else None
+        if diff is not None and diff.size:
+            out["differing_positions"] = diff[:_SHOWN_IDS].tolist()
+    return out
