@@ -126,15 +126,16 @@ def mix64(z):  # type: ignore[no-untyped-def]
     return z ^ (z >> _U31)
 
 
-@kernel
-def hash_keys(key, n):  # type: ignore[no-untyped-def]
-    """uint64[n]: the SplitMix64 stream of ``key`` (see :func:`hash_keys_py`)."""
-    out = np.empty(n, dtype=np.uint64)
-    state = np.uint64(key)
-    for i in range(n):
-        state = state + _U_GOLDEN
-        out[i] = mix64(state)
-    return out
+def hash_keys(key: np.uint64 | int, n: int) -> np.ndarray:
+    """uint64[n]: the SplitMix64 stream of ``key`` (see :func:`hash_keys_py`).
+
+    Plain NumPy (uint64 array arithmetic wraps silently), so building an order needs no
+    compiled kernel before its first ``ids`` call.
+    """
+    z = np.uint64(int(key) & _MASK64) + np.arange(1, n + 1, dtype=np.uint64) * _U_GOLDEN
+    z = (z ^ (z >> _U30)) * _U_M1
+    z = (z ^ (z >> _U27)) * _U_M2
+    return z ^ (z >> _U31)
 
 
 @kernel
