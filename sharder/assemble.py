@@ -10,7 +10,7 @@ import pyarrow as pa
 from stoker.sharder.inputs import InputFile
 from stoker.sharder.readers import read_rows
 
-__all__ = ["Piece", "assemble_table"]
+__all__ = ["Piece", "add_partition_columns", "assemble_table"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,20 +31,28 @@ def assemble_table(pieces: Sequence[Piece], file_schema: pa.Schema,
     ``file_schema`` holds the unified types of the columns stored in the files and
     ``partition_fields`` the hive columns (constant per file); ``schema`` picks from both.
     """
-    partition_index = {f.name: i for i, f in enumerate(partition_fields)}
-    file_columns = [f.name for f in schema if f.name not in partition_index]
+    names = {f.name for f in partition_fields}
+    file_columns = [f.name for f in schema if f.name not in names]
     tables = []
     for piece in pieces:
-        n = piece.stop - piece.start
         table = read_rows(piece.file, file_schema, file_columns, piece.row_groups,
                           piece.start, piece.stop)
-        arrays = []
-        for field in schema:
-            if field.name in partition_index:
-                value = piece.partition_values[partition_index[field.name]]
-                arrays.append(pa.nulls(n, field.type) if value is None
-                              else pa.repeat(pa.scalar(value, field.type), n))
-            else:
-                arrays.append(table.column(field.name))
-        tables.append(pa.Table.from_arrays(arrays, schema=schema))
+        tables.append(add_partition_columns(table, piece.partition_values, partition_fields,
+                                            schema))
     return pa.concat_tables(tables) if len(tables) != 1 else tables[0]
+
+
+def add_partition_columns(table: pa.Table, values: Sequence[Any],
+                          partition_fields: Sequence[pa.Field], schema: pa.Schema) -> pa.Table:
+    """``table`` (file columns) plus constant hive columns, in the order of ``schema``."""
+    index = {f.name: i for i, f in enumerate(partition_fields)}
+    n = table.num_rows
+    arrays = []
+    for field in schema:
+        if field.name in index:
+            value = values[index[field.name]]
+            arrays.append(pa.nulls(n, field.type) if value is None
+                          else pa.repeat(pa.scalar(value, field.type), n))
+        else:
+            arrays.append(table.column(field.name))
+    return pa.Table.from_arrays(arrays, schema=schema)

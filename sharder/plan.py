@@ -15,16 +15,16 @@ from typing import Any, Sequence
 import pyarrow as pa
 
 from stoker.manifest import canonical_json, hash_bytes
-from stoker.sharder.assemble import Piece, assemble_table
+from stoker.sharder.assemble import Piece, add_partition_columns
 from stoker.sharder.errors import SharderError
 from stoker.sharder.inputs import InputFile
 from stoker.sharder.options import ShardOptions
-from stoker.sharder.readers import FileScan, scan_file
+from stoker.sharder.readers import FileScan, read_head, scan_file
 
 __all__ = ["SAMPLE_ROWS", "Plan", "make_plan"]
 
-#: Rows of the first non-empty input measured to turn ``shard_size`` bytes into rows.
-SAMPLE_ROWS = 65536
+#: Rows at the head of the first non-empty input measured to turn ``shard_size`` into rows.
+SAMPLE_ROWS = 8192
 _INT = re.compile(r"^-?[0-9]{1,18}$")
 
 
@@ -133,10 +133,12 @@ def _rows_for_bytes(plan: Plan, target: int) -> int:
     """Rows that make ``target`` uncompressed Arrow bytes, from a deterministic sample."""
     first = next(i for i, s in enumerate(plan.scans) if s.rows)
     n = min(SAMPLE_ROWS, plan.scans[first].rows)
-    piece = Piece(plan.inputs[first], plan.scans[first].row_groups,
-                  plan.partition_values[first], 0, n)
-    sample = assemble_table([piece], plan.file_schema, plan.partition_fields, plan.schema)
-    return max(1, target * n // max(1, sample.nbytes))
+    names = {f.name for f in plan.partition_fields}
+    head = read_head(plan.inputs[first], plan.file_schema,
+                     [f.name for f in plan.schema if f.name not in names], n)
+    sample = add_partition_columns(head, plan.partition_values[first], plan.partition_fields,
+                                   plan.schema)
+    return max(1, target * sample.num_rows // max(1, sample.nbytes))
 
 
 def _unify(inputs: Sequence[InputFile], scans: Sequence[FileScan], *, strict: bool,

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from stoker.sharder.errors import SharderError
 from stoker.sharder.inputs import InputFile
 
-__all__ = ["FileScan", "read_rows", "scan_file"]
+__all__ = ["FileScan", "read_head", "read_rows", "scan_file"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +103,19 @@ def read_rows(inp: InputFile, schema: pa.Schema, columns: list[str], row_groups:
         arrays = [table.column(c) for c in columns]
         arrays = [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, target)]
         return pa.Table.from_arrays(arrays, schema=target)
+
+
+def read_head(inp: InputFile, schema: pa.Schema, columns: list[str], rows: int) -> pa.Table:
+    """About the first ``rows`` rows of ``inp`` (a cheap sample; Parquet decodes no more pages
+    than needed). Deterministic, but batch layout may differ from :func:`read_rows`."""
+    if inp.format != "parquet":
+        return read_rows(inp, schema, columns, (), 0, rows)
+    with _guard(inp):
+        batch = next(pq.ParquetFile(inp.path).iter_batches(batch_size=rows, columns=columns))
+    arrays = [batch.column(c) for c in columns]
+    target = pa.schema([schema.field(c) for c in columns])
+    arrays = [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, target)]
+    return pa.Table.from_arrays(arrays, schema=target)
 
 
 def _parquet_rows(inp: InputFile, columns: list[str], row_groups: tuple[int, ...],
