@@ -57,7 +57,7 @@ class ArrowSource:
         wanted = list(columns) if columns is not None else list(names)
         self.columns = list(dict.fromkeys(wanted + self.features))
         self._opener = opener or self._local_opener
-        self._open: OrderedDict[int, pa.Table] = OrderedDict()
+        self._open: OrderedDict[int, tuple[pa.Table, AbstractContextManager[str]]] = OrderedDict()
         self._max_open = max_open
         self._lock = threading.Lock()
         self.opened_shards: set[int] = set()
@@ -72,21 +72,33 @@ class ArrowSource:
 
     def _table(self, index: int) -> pa.Table:
         with self._lock:
-            table = self._open.get(index)
-            if table is not None:
+            entry = self._open.get(index)
+            if entry is not None:
                 self._open.move_to_end(index)
-                return table
-        with self._opener(index) as path:
-            source = pa.memory_map(path, "r")
-            reader = pa.ipc.open_file(source)
+                return entry[0]
+        # The opener's context (a cache pin) stays entered while the shard is open here.
+        handle = self._opener(index)
+        path = handle.__enter__()
+        try:
+            reader = pa.ipc.open_file(pa.memory_map(path, "r"))
             table = reader.read_all().select(self.columns)
             if self.manifest.compression != "none":
                 table = table.combine_chunks()  # decompress once, not once per take
+        except BaseException:
+            handle.__exit__(None, None, None)
+            raise
+        closing = []
         with self._lock:
             self.opened_shards.add(index)
-            self._open[index] = table
+            if index in self._open:  # another worker opened it meanwhile
+                closing.append(handle)
+                table = self._open[index][0]
+            else:
+                self._open[index] = (table, handle)
             while len(self._open) > self._max_open:
-                self._open.popitem(last=False)
+                closing.append(self._open.popitem(last=False)[1][1])
+        for h in closing:
+            h.__exit__(None, None, None)
         return table
 
     # -- reading --------------------------------------------------------------------------
@@ -131,5 +143,9 @@ class ArrowSource:
         return batch
 
     def close(self) -> None:
+        """Release every open shard (and its cache pin); idempotent."""
         with self._lock:
+            entries = list(self._open.values())
             self._open.clear()
+        for _, handle in entries:
+            handle.__exit__(None, None, None)

@@ -107,7 +107,7 @@ class DataLoader:
         self.rank, self.world_size = resolve_world(rank, world_size)
         self._cache = None
         self._source = self._make_source(dataset, columns, features, collate_fn, batch_size,
-                                         cache_dir, cache_limit, storage_options)
+                                         cache_dir, cache_limit, storage_options, partitions)
         self.sampler = sampler
         self.batch_sampler = batch_sampler
         self._mode = "sampler" if (sampler is not None or batch_sampler is not None) else "order"
@@ -147,7 +147,8 @@ class DataLoader:
     def _make_source(self, dataset: Any, columns: Sequence[str] | None,
                      features: Sequence[str] | None, collate_fn: Callable[[Any], Any] | None,
                      batch_size: int | None, cache_dir: Any, cache_limit: Any,
-                     storage_options: Mapping[str, Any] | None) -> ArrowSource | TorchSource:
+                     storage_options: Mapping[str, Any] | None,
+                     partitions: int | None) -> ArrowSource | TorchSource:
         if isinstance(dataset, (str, os.PathLike, Manifest)):
             manifest = dataset if isinstance(dataset, Manifest) else \
                 Manifest.load(os.fspath(dataset), storage_options)
@@ -160,7 +161,11 @@ class DataLoader:
             if batch_size is None:
                 raise ValueError("batch_size=None (no batching) is supported for map-style torch "
                                  "datasets only; pass batch_size >= 1 for a stoker dataset.")
-            source = ArrowSource(manifest, columns=columns, features=features, opener=opener)
+            # With a cache, every open shard holds a pin: keep the open set near the rank's
+            # live window (about two shards per owned partition) so the budget can hold it.
+            max_open = 256 if opener is None else 2 * (partitions or 8) + self.num_workers + 2
+            source = ArrowSource(manifest, columns=columns, features=features, opener=opener,
+                                 max_open=max_open)
             self._collate = collate_fn
             return source
         if isinstance(dataset, IterableDataset):
@@ -282,6 +287,7 @@ class DataLoader:
         if self._ledger is not None:
             self._ledger.close()
             self._ledger = None
+        self._source.close()
         if self._cache is not None:
             self._cache.close()
             self._cache = None

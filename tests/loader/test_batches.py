@@ -22,7 +22,7 @@ def _reference_rows(path) -> dict[int, dict]:
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])
 def test_batches_match_reference_rows(tmp_path, compression) -> None:
-    from conftest import make_dataset
+    from loader_helpers import make_dataset
 
     make_dataset(tmp_path, [13, 29, 7], compression=compression, batch_rows=5)
     ref = _reference_rows(tmp_path)

@@ -55,7 +55,7 @@ def test_worker_error_names_the_sample(worker_mode) -> None:
 
 
 def test_stoker_dataset_error_names_the_shard(tmp_path) -> None:
-    from conftest import make_dataset
+    from loader_helpers import make_dataset
 
     make_dataset(tmp_path, [10, 10])
     dl = DataLoader(tmp_path, batch_size=5, num_workers=2)
