@@ -1,8 +1,11 @@
 """Data stall: how much of the run the consumer spent waiting for data, over time.
 
 Each step record carries ``wait_s`` (time the consumer blocked in ``next()``) and
-``between_s`` (time since the previous batch was handed over). Their ratio is the data-stall
-share; the cumulative ``between_s`` of a file is its timeline (segments are laid end to end).
+``between_s`` (time since the previous batch was handed over). A step lasted
+``max(between_s, wait_s)`` (the first batch of a segment has no predecessor, so its
+``between_s`` is 0 while its wait holds the start-up); the data-stall share is total wait over
+total step time, and the cumulative step time of a file is its timeline (segments laid end to
+end).
 """
 
 from __future__ import annotations
@@ -23,14 +26,16 @@ def stall_check(run: Run) -> tuple[Check, dict[str, Any]]:
     """The check (always ``info``) and per-rank series for the timeline and throughput plots."""
     series: dict[str, Any] = {"ranks": []}
     r = run.records
-    total_wait, total_time = float(r["wait_s"].sum()), float(r["between_s"].sum())
+    elapsed = np.maximum(r["between_s"], r["wait_s"])
+    total_wait, total_time = float(r["wait_s"].sum()), float(elapsed.sum())
     for fi, led in enumerate(run.ledgers):
-        recs = r[r["file"] == fi]
+        mine = r["file"] == fi
+        recs = r[mine]
         if not len(recs):
             continue
-        t = np.cumsum(recs["between_s"])
+        t = np.cumsum(elapsed[mine])
         series["ranks"].append({"file": led.path, "rank": int(recs[0]["rank"]),
-                                **_binned(t, recs["wait_s"], recs["between_s"], recs["count"])})
+                                **_binned(t, recs["wait_s"], elapsed[mine], recs["count"])})
     share = total_wait / total_time if total_time > 0 else 0.0
     samples = int(r["count"].sum())
     rate = samples / total_time if total_time > 0 else 0.0
