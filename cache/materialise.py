@@ -14,10 +14,11 @@ import pyarrow as pa
 
 __all__ = ["materialise"]
 
-# Per-buffer padding and per-batch flatbuffer metadata: generous upper bounds.
-_PER_BUFFER = 72
-_PER_BATCH = 4096
-_FIXED = 64 << 10
+# Upper bounds of what the IPC writer adds to the buffers themselves: padding plus a buffer
+# descriptor per buffer, a message header per batch, magic + schema + footer per file.
+_PER_BUFFER = 80
+_PER_BATCH = 512
+_FIXED = 4096
 
 
 def materialise(src: str, reserve: Callable[[int], str]) -> str:
@@ -30,7 +31,7 @@ def materialise(src: str, reserve: Callable[[int], str]) -> str:
     with pa.memory_map(src) as source:
         reader = pa.ipc.open_file(source)
         batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
-        bound = _FIXED + sum(b.get_total_buffer_size()
+        bound = _FIXED + 2 * reader.schema.serialize().size + sum(b.get_total_buffer_size()
                              + _PER_BUFFER * sum(len(c.buffers()) for c in b.columns)
                              + _PER_BATCH for b in batches)
         dst = reserve(bound)

@@ -71,7 +71,9 @@ class ShardCache:
             (``headers``); never logged.
         inflight_allowance: bytes that downloads and materialisations in progress may occupy
             on top of ``limit``. Default: twice the largest shard (ten times for zstd datasets,
-            which hold a compressed download and its uncompressed rewrite at once).
+            which hold a compressed download and its uncompressed rewrite at once); for zstd
+            the default grows to fit the largest rewrite actually measured. An explicit value
+            is a hard bound: a shard that cannot fit it is a :class:`CacheLimitError`.
         retry: the download retry policy (default :class:`RetryPolicy`).
         prefetch_workers: threads that download shards ahead of need (0 = none).
         prefetch_ahead: how many distinct upcoming shards the prefetchers look at.
@@ -103,6 +105,7 @@ class ShardCache:
         self._zstd = manifest.compression == "zstd"
         self._limit = None if limit is None else parse_size(limit, "limit")
         self._allowance = self._check_budget(inflight_allowance)
+        self._allowance_is_default = inflight_allowance is None
         self._policy = retry if retry is not None else RetryPolicy()
         self._eviction = eviction
         self._prefetch_ahead = prefetch_ahead
@@ -422,6 +425,11 @@ class ShardCache:
         Prefetches never wait (None = declined). ``held`` is what this very job already has
         in flight; if that plus ``nbytes`` exceeds the allowance, waiting could never help.
         """
+        if held + nbytes > self._allowance and self._allowance_is_default:
+            # The default only guessed the uncompressed size; the rewrite is now measured.
+            log.info("inflight_allowance grows from %d to %d bytes to materialise shard %d",
+                     self._allowance, held + nbytes, i)
+            self._allowance = held + nbytes
         if held + nbytes > self._allowance:
             raise CacheLimitError(
                 f"shard {i} ({self._manifest.shards[i].path!r}) needs {held + nbytes} bytes in "

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# System packages the test suite needs (called by .ci/run when present).
+# Installs only what is missing, quietly; never fails CI because a package is already there.
+set -u
+need=()
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)  # tests/cache: HTTP Range server
+if [ ${#need[@]} -eq 0 ]; then
+    exit 0
+fi
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then SUDO="sudo -n"; else
+        echo "ci_system_deps: not root and no sudo; cannot install ${need[*]} (tests needing them skip)" >&2
+        exit 0
+    fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+# policy-rc.d-less images would start the nginx service on install; we run our own instances.
+$SUDO apt-get update -qq >/dev/null 2>&1 || true
+if ! $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null 2>&1; then
+    echo "ci_system_deps: apt-get install ${need[*]} failed (tests needing them skip)" >&2
+fi
+exit 0
