@@ -187,7 +187,14 @@ class EpochOrder:
     """``O[k]`` for ``k`` in ``[0, N)``: the global sample order of one epoch, random access.
 
     Construction costs O(shards + P) time and memory, never O(N); any position can be
-    evaluated independently, so workers share nothing and resume state is just ``k``.
+    evaluated independently, so workers share nothing and resume state is just ``k``. The
+    object is immutable after construction and picklable; its kernels release the GIL, so
+    threads may query one instance concurrently.
+
+    Attributes:
+        num_samples: ``N``, the sum of ``shard_rows``.
+        options: the resolved options (``block_size`` filled in; see :meth:`OrderOptions.resolve`).
+        fingerprint, seed, epoch: the inputs the order is a pure function of (with ``options``).
     """
 
     def __init__(self, shard_rows: np.ndarray, fingerprint: str, seed: int, epoch: int,
