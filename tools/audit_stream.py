@@ -86,8 +86,9 @@ def stream_check(run: Run) -> Check:
         recs = run.records[(run.records["file"] == fi) & run.records["effective"]]
         if len(recs) < 2:
             continue
-        spe = np.array([run.steps_per_epoch(run.segment_header(fi, int(g))) or 0
-                        for g in recs["seg"]], dtype=np.int64)
+        per_seg = np.array([run.steps_per_epoch(seg.header) or 0
+                            for seg in run.ledgers[fi].segments], dtype=np.int64)
+        spe = per_seg[recs["seg"]]
         e, st = recs["epoch"], recs["step"]
         wrap = (spe > 0) & (st + 1 >= spe)
         ok = ((e[1:] == e[:-1]) & (st[1:] == st[:-1] + 1)) | (
