@@ -140,7 +140,8 @@ def _machine() -> str:
     import numpy as np
 
     return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-            f"Python {platform.python_version()}, numpy {np.__version__}, numba {numba.__version__}")
+            f"Python {platform.python_version()}, numpy {np.__version__}, "
+            f"numba {numba.__version__}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

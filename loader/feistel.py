@@ -90,7 +90,7 @@ def _encrypt_py(x: int, bits: int, key: int) -> int:
 
 
 def feistel_py(x: int, n: int, key: int) -> int:
-    """Image of ``x`` under the ``key``-ed bijection of ``[0, n)`` (reference of :func:`feistel`)."""
+    """Image of ``x`` under the ``key``-ed bijection of ``[0, n)`` (reference of ``feistel``)."""
     if n <= 1:
         return x
     bits = domain_bits(n)
@@ -218,7 +218,8 @@ def _find_piece_in(piece_pos, t, lo, hi):  # type: ignore[no-untyped-def]
 
 
 @kernel
-def order_range(start, stop, step, P, K, q, rem, pkeys, piece_pos, piece_gid):  # type: ignore[no-untyped-def]
+def order_range(start, stop, step, P, K, q, rem, pkeys,  # type: ignore[no-untyped-def]
+                piece_pos, piece_gid):
     """int64 ``[O[k] for k in range(start, stop, step)]``.
 
     Consecutive positions revisit the same block of each partition, so the piece search is
@@ -259,7 +260,8 @@ def order_at(ks, P, K, q, rem, pkeys, piece_pos, piece_gid):  # type: ignore[no-
 
 
 @kernel
-def first_needs(parts, jlos, jhis, P, K, q, rem, pkeys, piece_pos, kmin):  # type: ignore[no-untyped-def]
+def first_needs(parts, jlos, jhis, P, K, q, rem,  # type: ignore[no-untyped-def]
+                pkeys, piece_pos, kmin):
     """Fill ``kmin[piece]`` with the first order position that reads each piece.
 
     For each partition ``parts[i]`` and its element range ``[jlos[i], jhis[i])``, walk its

@@ -59,4 +59,5 @@ def naive_order(rows: list[int], fp: str, seed: int, epoch: int, opts: OrderOpti
 
 shard_rows = st.lists(st.integers(0, 30), min_size=0, max_size=12)
 options = st.builds(OrderOptions, shuffle=st.just(True), partitions=st.integers(1, 8),
-                    block_size=st.integers(0, 9), partition_mode=st.sampled_from(["redraw", "fixed"]))
+                    block_size=st.integers(0, 9),
+                    partition_mode=st.sampled_from(["redraw", "fixed"]))
