@@ -2,7 +2,7 @@
 
 :func:`audit` reads one run (or two, to compare), runs every check and returns an
 :class:`~stoker.tools.audit_report.AuditReport`; rendering (terminal, JSON, HTML) is separate.
-Checks: identity, stream (continuity, truncation), resumes, replay, coverage, comparison (with a
+Checks: identity, stream (continuity, truncation), resumes, events, replay, coverage, comparison (with a
 second run), integrity (shards re-hashed), stall (info only).
 """
 
@@ -17,7 +17,7 @@ from stoker.tools.audit_replay import Replayer, open_dataset, replay_check
 from stoker.tools.audit_report import AuditReport, Check
 from stoker.tools.audit_run import load_run
 from stoker.tools.audit_stall import stall_check
-from stoker.tools.audit_stream import identity_check, resume_check, stream_check
+from stoker.tools.audit_stream import events_check, identity_check, resume_check, stream_check
 
 __all__ = ["audit"]
 
@@ -34,7 +34,8 @@ def audit(run: str | os.PathLike[str], run2: str | os.PathLike[str] | None = Non
     """
     first = load_run(run)
     view = open_dataset(first.header, dataset)
-    checks: list[Check] = [identity_check(first), stream_check(first), resume_check(first)]
+    checks: list[Check] = [identity_check(first), stream_check(first), resume_check(first),
+                           events_check(first)]
     replay, match = replay_check(first, view)
     checks += [replay, coverage_check(first, match)]
     if run2 is not None:

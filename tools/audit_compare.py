@@ -53,8 +53,11 @@ def compare_check(a: Run, b: Run, replayer: Replayer | None,
     details: dict[str, Any] = {"header_differences": diffs, "common_steps": len(common),
                                "only_in_first": len(set(ka) - set(kb)),
                                "only_in_second": len(set(kb) - set(ka))}
-    differing = [k for k in common if not _same(ka[k], kb[k], same_order)]
+    verdicts = {k: _same(ka[k], kb[k], same_order) for k in common}
+    differing = [k for k in common if verdicts[k] is False]
+    unknown = [k for k in common if verdicts[k] is None]
     details["differing_steps"] = len(differing)
+    details["incomparable_steps"] = len(unknown)
     if differing:
         e, s = differing[0]
         details["first_divergence"] = _divergence(a, b, ka[e, s], kb[e, s], replayer)
@@ -64,6 +67,10 @@ def compare_check(a: Run, b: Run, replayer: Replayer | None,
     if not common:
         return Check("comparison", "fail", "the runs share no step to compare "
                      f"(header differences: {sorted(diffs) or 'none'})", details)
+    if unknown:
+        return Check("comparison", "warn", f"{len(unknown)} of {len(common)} common steps were "
+                     "recorded under different world sizes and cannot be compared without a "
+                     "replay (pass --dataset); the others are identical", details)
     extra = ""
     if details["only_in_first"] or details["only_in_second"]:
         extra = (f"; {details['only_in_first']} step(s) only in the first run, "
@@ -79,9 +86,12 @@ def _plain(value: Any) -> str:
     return repr(sorted(value.items())) if isinstance(value, dict) else repr(value)
 
 
-def _same(x: dict[str, Any], y: dict[str, Any], same_order: bool) -> bool:
+def _same(x: dict[str, Any], y: dict[str, Any], same_order: bool) -> bool | None:
+    """True/False, or None when different world sizes leave nothing to compare."""
     if x["world"] == y["world"]:
         return x["sig"] == y["sig"]
+    if x["replayed"] is None or y["replayed"] is None:
+        return None
     return same_order and x["replayed"] and y["replayed"]
 
 
@@ -92,12 +102,14 @@ def _keyed(run: Run, match: np.ndarray | None) -> dict[tuple[int, int], dict[str
     for i in effective_order(run):
         row = r[i]
         key = (int(row["epoch"]), int(row["step"]))
-        entry = out.setdefault(key, {"world": set(), "sig": [], "rows": [], "replayed": True})
+        entry = out.setdefault(key, {"world": set(), "sig": [], "rows": [],
+                                     "replayed": None if match is None else True})
         entry["world"].add(int(row["world"]))
         entry["sig"].append((int(row["world"]), int(row["rank"]), int(row["count"]),
                              int(row["digest"])))
         entry["rows"].append(int(i))
-        entry["replayed"] &= bool(match is not None and match[i])
+        if match is not None:
+            entry["replayed"] &= bool(match[i])
     for entry in out.values():
         entry["world"] = tuple(sorted(entry["world"]))
     return out

@@ -79,6 +79,8 @@ def _section(c: Check, report: AuditReport) -> str:
                                                                           "size", "readable_steps")))
         if d.get("discontinuities"):
             body.append(_rows(d["discontinuities"][:50], ("file", "from", "to", "kind")))
+    elif c.name == "events" and d.get("events"):
+        body.append(_rows(d["events"][:50], ("file", "kind", "at", "time")))
     elif c.name == "integrity" and d.get("bad"):
         body.append(_rows(d["bad"], ("shard", "problem")))
     body.append("<details><summary>details (JSON)</summary><pre>"

@@ -9,7 +9,7 @@ import numpy as np
 from stoker.tools.audit_report import Check
 from stoker.tools.audit_run import Run
 
-__all__ = ["effective_order", "identity_check", "resume_check", "stream_check"]
+__all__ = ["effective_order", "events_check", "identity_check", "resume_check", "stream_check"]
 
 # Header keys that must not change between segments of one run: they define the order.
 _ORDER_KEYS = ("fingerprint", "seed", "order", "num_samples", "global_batch", "drop_last", "kind")
@@ -70,6 +70,24 @@ def resume_check(run: Run) -> Check:
     return Check("resumes", "pass", f"{len(items)} resume(s) at {where}"
                  f"{' ...' if len(items) > 6 else ''}, each continued exactly"
                  f"{f' ({back} steps recomputed after restores)' if back else ''}", details)
+
+
+def events_check(run: Run) -> Check:
+    """Events other than resumes (retry, quarantine, worker restart, skip): counted and listed.
+
+    Skipped samples make the run differ from its order on purpose; they are a warning here
+    and show up as missing samples in coverage and mismatches in the replay.
+    """
+    events = [{**e, "file": led.path} for led in run.ledgers for e in led.events
+              if e.get("kind") != "resume"]
+    counts: dict[str, int] = {}
+    for e in events:
+        counts[str(e.get("kind"))] = counts.get(str(e.get("kind")), 0) + 1
+    details = {"counts": counts, "events": events[:200]}
+    if not events:
+        return Check("events", "pass", "no retries, quarantines, worker restarts or skips", details)
+    text = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    return Check("events", "warn" if "skip" in counts else "info", text, details)
 
 
 def _gap_text(gap: tuple[int, int, int, int] | None) -> str | None:

@@ -29,7 +29,7 @@ def test_clean_run_passes_with_exit_0(tmp_path: Path, dataset, kit, ids: bool, c
     doc = json.loads(out_json.read_text())
     assert doc["reproducible"] is True
     assert {k: v["status"] for k, v in doc["checks"].items()} == {
-        "identity": "pass", "stream": "pass", "resumes": "pass", "replay": "pass",
+        "identity": "pass", "stream": "pass", "resumes": "pass", "events": "pass", "replay": "pass",
         "coverage": "pass", "integrity": "pass", "stall": "info"}
     epochs = doc["checks"]["coverage"]["details"]["epochs"]
     assert [(e["epoch"], e["complete"], e["method"]) for e in epochs] == [
@@ -251,3 +251,40 @@ def test_reports_never_contain_credentials(tmp_path: Path, dataset, kit) -> None
     for f in (tmp_path / "a.ledger", Path(f"{out}.html"), Path(f"{out}.json")):
         assert secret.encode() not in f.read_bytes()
     assert "s3://bucket/data" in Path(f"{out}.json").read_text()
+
+
+def test_events_are_listed_and_skips_warned(tmp_path: Path, dataset, kit) -> None:
+    m, loc = dataset
+    head = kit.header(m, loc)
+    with LedgerWriter(tmp_path / "a.ledger", head) as w:
+        kit.write_steps(w, m, head, [(0, 0), (0, 1)])
+        w.event("retry", shard="shards/00001.arrow", attempt=1)
+        w.event("quarantine", shard="shards/00001.arrow")
+    report = audit(tmp_path / "a.ledger")
+    ev = report.check("events")
+    assert ev.status == "info" and ev.details["counts"] == {"retry": 1, "quarantine": 1}
+    assert ev.details["events"][0]["at"] == 2 and report.reproducible
+    with LedgerWriter(tmp_path / "a.ledger", head) as w:
+        w.event("skip", sample=5)
+    assert audit(tmp_path / "a.ledger").check("events").status == "warn"
+
+
+def test_step_outside_the_epoch_is_a_replay_failure(tmp_path: Path, dataset, kit) -> None:
+    m, loc = dataset
+    head = kit.header(m, loc)
+    with LedgerWriter(tmp_path / "a.ledger", head) as w:
+        kit.write_steps(w, m, head, [(0, 0)])
+        w.step(0, 99, 0, np.arange(8), 0.0, 0.01)
+    replay = audit(tmp_path / "a.ledger").check("replay")
+    assert replay.status == "fail" and replay.details["mismatched"] == 1
+    assert replay.details["first_mismatch"]["step"] == 99
+    assert "IndexError" in replay.details["first_mismatch"]["error"]
+
+
+def test_comparison_across_world_sizes_needs_the_replay(tmp_path: Path, dataset, kit) -> None:
+    m, loc = dataset
+    a = kit.write_run(f"{tmp_path}/w2/", m, loc, world_size=2)
+    b = kit.write_run(tmp_path / "w1.ledger", m, loc)
+    assert audit(a, b).check("comparison").status == "pass"
+    moved = audit(a, b, dataset=str(tmp_path / "gone")).check("comparison")
+    assert moved.status == "warn" and moved.details["incomparable_steps"] == 28
