@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import tempfile
@@ -37,17 +38,26 @@ def ceiling(src: Path, out: Path) -> None:
         w.write_table(table)
 
 
-def timed(fn: Callable[[Path], None], work: Path, repeats: int) -> list[float]:
-    times = []
-    for _ in range(repeats):
-        out = work / "out"
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir()
-        start = time.perf_counter()
-        fn(out)
-        times.append(time.perf_counter() - start)
-    shutil.rmtree(work / "out", ignore_errors=True)
-    return times
+def _cpu() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def timed(fn: Callable[[Path], None], work: Path) -> tuple[float, float]:
+    """Wall and CPU seconds of one run into a fresh folder.
+
+    CPU counts this process and its reaped children; process-pool workers started by a
+    forkserver are not our children, so CPU is reported for single-process runs only.
+    """
+    out = work / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    cpu, start = _cpu(), time.perf_counter()
+    fn(out)
+    wall = time.perf_counter() - start
+    cpu = _cpu() - cpu
+    shutil.rmtree(out, ignore_errors=True)
+    return wall, cpu
 
 
 def machine() -> dict[str, object]:
@@ -76,24 +86,38 @@ def main(argv: list[str] | None = None) -> int:
         print(f"input: {args.rows:,} rows, Parquet {src.stat().st_size / 1e6:.1f} MB, "
               f"Arrow {arrow_bytes / 1e6:.1f} MB (generated in {gen:.1f} s)")
         print(f"machine: {json.dumps(machine())}")
-        ceiling(src, work)  # warm the page cache and pyarrow's allocator
-        results = {"ceiling": timed(lambda out: ceiling(src, out), work, args.repeats)}
+        contenders: dict[str, Callable[[Path], None]] = {"ceiling": lambda out: ceiling(src, out)}
         for workers in (int(w) for w in args.workers.split(",")):
-            results[f"stoker workers={workers}"] = timed(
-                lambda out, w=workers: shard(src, out, workers=w, overwrite=True,
-                                             compression=args.compression, progress=False),
-                work, args.repeats)
-        base = statistics.median(results["ceiling"])
+            contenders[f"stoker workers={workers}"] = (
+                lambda out, w=workers: shard(src, out, workers=w, compression=args.compression,
+                                             progress=False))
+        for fn in contenders.values():  # warm-up: page cache, allocator, forkserver imports
+            timed(fn, work)
+        walls: dict[str, list[float]] = {name: [] for name in contenders}
+        cpus: dict[str, list[float]] = {name: [] for name in contenders}
+        for _ in range(args.repeats):  # interleaved, so load from elsewhere hits all alike
+            for name, fn in contenders.items():
+                wall, cpu = timed(fn, work)
+                walls[name].append(wall)
+                cpus[name].append(cpu)
+        base, base_cpu = statistics.median(walls["ceiling"]), statistics.median(cpus["ceiling"])
         report = []
-        for name, times in results.items():
-            med = statistics.median(times)
-            row = {"name": name, "median_s": round(med, 3), "times_s": [round(t, 3) for t in times],
-                   "rows_per_s": round(args.rows / med), "mb_per_s": round(arrow_bytes / 1e6 / med, 1),
-                   "ratio_vs_ceiling": round(base / med, 3)}
+        for name in contenders:
+            med, cpu = statistics.median(walls[name]), statistics.median(cpus[name])
+            row = {"name": name, "median_s": round(med, 3),
+                   "times_s": [round(t, 3) for t in walls[name]], "median_cpu_s": round(cpu, 3),
+                   "rows_per_s": round(args.rows / med),
+                   "mb_per_s": round(arrow_bytes / 1e6 / med, 1),
+                   "ratio_vs_ceiling": round(base / med, 3),
+                   "cpu_ratio_vs_ceiling": round(base_cpu / cpu, 3)}
+            if "workers=1" not in name and name != "ceiling":
+                row["median_cpu_s"] = row["cpu_ratio_vs_ceiling"] = None
             report.append(row)
-            print(f"{name:20s} median {med:7.3f} s  {row['rows_per_s']:>12,} rows/s  "
-                  f"{row['mb_per_s']:8.1f} MB/s  {row['ratio_vs_ceiling']:.2f}x of ceiling  "
-                  f"(runs: {', '.join(f'{t:.3f}' for t in times)})")
+            cpu_text = (f"cpu {cpu:6.3f} s {base_cpu / cpu:.2f}x" if row["median_cpu_s"]
+                        else "cpu    n/a        ")
+            print(f"{name:18s} wall {med:6.3f} s {row['rows_per_s']:>10,} rows/s "
+                  f"{row['mb_per_s']:7.1f} MB/s {row['ratio_vs_ceiling']:.2f}x of ceiling | "
+                  f"{cpu_text} | runs {', '.join(f'{t:.2f}' for t in walls[name])}")
         if args.json:
             Path(args.json).write_text(json.dumps({"rows": args.rows, "machine": machine(),
                                                    "results": report}, indent=1))

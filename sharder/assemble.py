@@ -35,8 +35,10 @@ def assemble_table(pieces: Sequence[Piece], file_schema: pa.Schema,
     file_columns = [f.name for f in schema if f.name not in names]
     tables = []
     for piece in pieces:
-        table = read_rows(piece.file, file_schema, file_columns, piece.row_groups,
-                          piece.start, piece.stop)
+        n = piece.stop - piece.start
+        # Only hive columns selected: the rows are known from the plan, nothing to read.
+        table = read_rows(piece.file, file_schema, file_columns, piece.row_groups, piece.start,
+                          piece.stop) if file_columns else pa.table({"_": pa.nulls(n)}).select([])
         tables.append(add_partition_columns(table, piece.partition_values, partition_fields,
                                             schema))
     return pa.concat_tables(tables) if len(tables) != 1 else tables[0]

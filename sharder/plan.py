@@ -134,8 +134,9 @@ def _rows_for_bytes(plan: Plan, target: int) -> int:
     first = next(i for i, s in enumerate(plan.scans) if s.rows)
     n = min(SAMPLE_ROWS, plan.scans[first].rows)
     names = {f.name for f in plan.partition_fields}
-    head = read_head(plan.inputs[first], plan.file_schema,
-                     [f.name for f in plan.schema if f.name not in names], n)
+    columns = [f.name for f in plan.schema if f.name not in names]
+    head = read_head(plan.inputs[first], plan.file_schema, columns, n) if columns \
+        else pa.table({"_": pa.nulls(n)}).select([])
     sample = add_partition_columns(head, plan.partition_values[first], plan.partition_fields,
                                    plan.schema)
     return max(1, target * sample.num_rows // max(1, sample.nbytes))

@@ -59,7 +59,7 @@ def shard(src: Source | Sequence[Source], dst: Source, *, rows_per_shard: int | 
     options = ShardOptions(rows_per_shard=rows_per_shard, shard_size=shard_size,
                            compression=compression,
                            columns=None if columns is None else tuple(columns), format=format)
-    engine = executor if executor is not None else LocalExecutor(workers)
+    LocalExecutor(workers)  # validates ``workers`` before any work is done
     dst_path = Path(os.path.abspath(os.fspath(dst)))
     inputs = discover_inputs(sources, options.format)
     _check_not_nested(sources, [f.path for f in inputs], dst_path)
@@ -75,6 +75,9 @@ def shard(src: Source | Sequence[Source], dst: Source, *, rows_per_shard: int | 
         _shard_task(plan, build, i) for i in range(plan.num_shards) if i not in shards]
     tasks += [HashTask(i, f.path, f.rel, build.source_record(i))
               for i, f in enumerate(plan.inputs) if i not in hashed]
+    # A pool only pays off with several shards to write; its start-up costs ~0.5 s.
+    pending = sum(isinstance(t, ShardTask) for t in tasks)
+    engine = executor if executor is not None else LocalExecutor(max(1, min(workers, pending)))
     _execute(engine, tasks, build, shards, hashed, progress)
     manifest = _manifest(plan, shards, hashed)
     _guard_os(lambda: manifest.save(dst_path), dst_path)

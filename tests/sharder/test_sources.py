@@ -55,6 +55,10 @@ def test_hive_partitions_become_columns(tmp_path: Path, read_dataset) -> None:
     assert got.select(["f0", "c0", "label"]).equals(
         pa.concat_tables([_small(10, 10 * i) for i in range(4)]))
     assert m.num_shards == 3
+    only = shard(src, tmp_path / "only", columns=["region"], shard_size="1KB", progress=False)
+    assert read_dataset(tmp_path / "only").column("region").to_pylist() == \
+        got.column("region").to_pylist()
+    assert only.num_samples == 40
 
 
 def test_csv_round_trip(tmp_path: Path, read_dataset) -> None:
@@ -92,3 +96,14 @@ def test_format_override_reads_unusual_extensions(tmp_path: Path, read_dataset) 
     src.write_bytes(_jsonl([{"a": i} for i in range(5)]))
     shard(src, tmp_path / "out", format="jsonl", progress=False)
     assert read_dataset(tmp_path / "out").column("a").to_pylist() == list(range(5))
+
+
+def test_csv_types_widen_across_files(tmp_path: Path, read_dataset) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.csv").write_text("n,s,e\n1,x,\n2,y,\n")
+    (src / "b.csv").write_text("n,s,e\n2.5,z,\n")
+    shard(src, tmp_path / "out", rows_per_shard=2, progress=False)
+    got = read_dataset(tmp_path / "out")
+    assert [str(f.type) for f in got.schema] == ["double", "string", "null"]
+    assert got.to_pydict() == {"n": [1.0, 2.0, 2.5], "s": ["x", "y", "z"], "e": [None] * 3}
