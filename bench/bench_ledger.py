@@ -72,7 +72,7 @@ def main() -> None:
     wait, between = _timings(n)
     tmp = Path(tempfile.mkdtemp(prefix="stoker-bench-ledger-"))
     times: dict[str, list[float]] = {"stoker": [], "stoker+ids": [], "jsonl": []}
-    for r in range(args.repeats):
+    for _ in range(args.repeats):
         for f in tmp.glob("*"):
             f.unlink()
         times["stoker"].append(stoker_ledger(tmp / "a.ledger", batches, wait, between))
@@ -82,7 +82,8 @@ def main() -> None:
     sizes = {"stoker": (tmp / "a.ledger").stat().st_size,
              "stoker+ids": (tmp / "i.ledger").stat().st_size,
              "jsonl": len(raw),
-             "jsonl.zst (whole file, not crash-safe)": len(zstandard.ZstdCompressor(level=3).compress(raw))}
+             "jsonl.zst (whole file, not crash-safe)":
+                 len(zstandard.ZstdCompressor(level=3).compress(raw))}
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
           f"python {platform.python_version()}; steps={n} batch={b} repeats={args.repeats}")
     print(f"{'ledger':<40} {'bytes/step':>10} {'writer us/step (median)':>24}")

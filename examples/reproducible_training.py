@@ -78,7 +78,8 @@ def checkpoint(model: torch.nn.Module, opt: torch.optim.Optimizer, loader: DataL
     return buf.getvalue()
 
 
-def run(data: Path, ledger: Path, crash_at: tuple[int, ...] = (), lost_steps: int = 3) -> list[float]:
+def run(data: Path, ledger: Path, crash_at: tuple[int, ...] = (),
+        lost_steps: int = 3) -> list[float]:
     """Train for EPOCHS; at each global step in ``crash_at`` save a checkpoint, train on for
     ``lost_steps`` more steps, then crash and resume from the checkpoint."""
     model, opt = new_model()

@@ -16,8 +16,8 @@ bytes dropped is recorded in the new segment's header (``"dropped_tail_bytes"``)
 
 Credentials never reach the file: header and event values are scrubbed before writing (keys
 named ``key``/``auth`` or containing ``storage_option``, ``credential``, ``token``, ``secret``,
-``password``, ``authorization``, ``api_key`` or ``access_key`` are dropped; URLs lose user info, query string and fragment via
-:func:`stoker.manifest.redact_url`).
+``password``, ``authorization``, ``api_key`` or ``access_key`` are dropped; URLs lose user
+info, query string and fragment via :func:`stoker.manifest.redact_url`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ import time
 import weakref
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, BinaryIO, Mapping
+from collections.abc import Mapping
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -256,7 +257,8 @@ class LedgerWriter:
 
     def _maybe_flush_locked(self) -> None:
         now = time.monotonic()
-        if len(self._sink.rows) >= self._flush_steps or now - self._last_flush >= self._flush_seconds:
+        due = now - self._last_flush >= self._flush_seconds
+        if due or len(self._sink.rows) >= self._flush_steps:
             self._sink.flush_locked()
             self._last_flush = now
 
@@ -274,7 +276,7 @@ class LedgerWriter:
     def closed(self) -> bool:
         return self._sink.file is None
 
-    def __enter__(self) -> "LedgerWriter":
+    def __enter__(self) -> LedgerWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -43,7 +43,7 @@ previous batch) is the record ``(0, 3, 0, 2, xxh3_64(b"\\x07\\0\\0\\0\\0\\0\\0\\
 from __future__ import annotations
 
 import struct
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import xxhash
@@ -80,8 +80,9 @@ class LedgerError(StokerError):
     """A ledger cannot be written or read (unusable path, not a ledger, closed writer)."""
 
 
-STEP_DTYPE = np.dtype([("epoch", "<u4"), ("step", "<u4"), ("rank", "<u2"), ("count", "<u4"),
-                       ("digest", "<u8"), ("wait_s", "<f4"), ("between_s", "<f4")])
+_STEP_FIELDS = (("epoch", "<u4"), ("step", "<u4"), ("rank", "<u2"), ("count", "<u4"),
+                ("digest", "<u8"), ("wait_s", "<f4"), ("between_s", "<f4"))
+STEP_DTYPE = np.dtype(list(_STEP_FIELDS))
 _COUNT = struct.Struct("<I")
 
 
@@ -99,7 +100,7 @@ def encode_frame(kind: int, raw: bytes, level: int = 3) -> bytes:
 def encode_steps(records: np.ndarray, ids: np.ndarray | None) -> bytes:
     """Raw ``STEPS`` payload: count, the columns of ``records`` (STEP_DTYPE), then ids."""
     parts = [_COUNT.pack(len(records))]
-    parts += [np.ascontiguousarray(records[name]).tobytes() for name in STEP_DTYPE.names]
+    parts += [np.ascontiguousarray(records[name]).tobytes() for name, _ in _STEP_FIELDS]
     if ids is not None:
         parts.append(np.ascontiguousarray(ids, dtype="<i8").tobytes())
     return b"".join(parts)
@@ -110,8 +111,8 @@ def decode_steps(raw: bytes, with_ids: bool) -> tuple[np.ndarray, np.ndarray | N
     (n,) = _COUNT.unpack_from(raw, 0)
     records = np.empty(n, dtype=STEP_DTYPE)
     offset = _COUNT.size
-    for name in STEP_DTYPE.names:
-        dt = STEP_DTYPE.fields[name][0]
+    for name, code in _STEP_FIELDS:
+        dt = np.dtype(code)
         size = n * dt.itemsize
         if offset + size > len(raw):
             raise ValueError(f"steps payload ends inside column {name!r}")
@@ -121,7 +122,8 @@ def decode_steps(raw: bytes, with_ids: bool) -> tuple[np.ndarray, np.ndarray | N
     if with_ids:
         total = int(records["count"].sum(dtype=np.int64))
         if offset + 8 * total != len(raw):
-            raise ValueError(f"steps payload holds {len(raw) - offset} id bytes, expected {8 * total}")
+            raise ValueError(f"steps payload holds {len(raw) - offset} id bytes, "
+                             f"expected {8 * total}")
         ids = np.frombuffer(raw, dtype="<i8", count=total, offset=offset).astype(np.int64)
     elif offset != len(raw):
         raise ValueError(f"steps payload has {len(raw) - offset} unexpected trailing bytes")

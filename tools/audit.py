@@ -2,8 +2,8 @@
 
 :func:`audit` reads one run (or two, to compare), runs every check and returns an
 :class:`~stoker.tools.audit_report.AuditReport`; rendering (terminal, JSON, HTML) is separate.
-Checks: identity, stream (continuity, truncation), resumes, events, replay, coverage, comparison (with a
-second run), integrity (shards re-hashed), stall (info only).
+Checks: identity, stream (continuity, truncation), resumes, events, replay, coverage,
+comparison (with a second run), integrity (shards re-hashed), stall (info only).
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def audit(run: str | os.PathLike[str], run2: str | os.PathLike[str] | None = Non
         second = load_run(run2)
         replayer = Replayer(view.shard_rows) if view.shard_rows is not None else None
         match2 = None
-        if replayer is not None and second.header.get("fingerprint") == first.header.get("fingerprint"):
+        same_data = second.header.get("fingerprint") == first.header.get("fingerprint")
+        if replayer is not None and same_data:
             match2 = replay_check(second, view)[1]
         checks.append(compare_check(first, second, replayer, match, match2))
     checks.append(integrity_check(view, verify))

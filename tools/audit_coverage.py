@@ -76,7 +76,8 @@ def _epoch(run: Run, epoch: int, rows: np.ndarray, match: np.ndarray | None) -> 
     if problems:
         out["status"], out["verdict"] = "fail", f"{state}: " + ", ".join(problems)
     elif out["method"] == "steps only":
-        out["status"], out["verdict"] = "unverified", f"{state}, samples unverified (no ids, no replay)"
+        out["status"] = "unverified"
+        out["verdict"] = f"{state}, samples unverified (no ids, no replay)"
     else:
         out["status"] = "pass"
         out["verdict"] = (f"{state}: every sample exactly once" if complete

@@ -68,15 +68,16 @@ def _section(c: Check, report: AuditReport) -> str:
                                                  "rolled_back_steps", "gap", "next_recorded",
                                                  "exact")))
     elif c.name == "comparison":
-        body.append("<p>header differences (first, second)</p>" + _kv(d.get("header_differences", {})))
+        body.append("<p>header differences (first, second)</p>"
+                    + _kv(d.get("header_differences", {})))
         if d.get("first_divergence"):
             body.append("<p>first divergence</p>" + _kv(d["first_divergence"]))
     elif c.name == "stall":
         body.append("<p>plots: <a href=\"#plots\">data stall and throughput</a></p>" + _kv(d))
     elif c.name == "stream":
         if d.get("truncated"):
-            body.append("<p>truncated ledgers</p>" + _rows(d["truncated"], ("file", "at_byte",
-                                                                          "size", "readable_steps")))
+            cols = ("file", "at_byte", "size", "readable_steps")
+            body.append("<p>truncated ledgers</p>" + _rows(d["truncated"], cols))
         if d.get("discontinuities"):
             body.append(_rows(d["discontinuities"][:50], ("file", "from", "to", "kind")))
     elif c.name == "events" and d.get("events"):

@@ -58,7 +58,8 @@ class Resume:
 
     @property
     def exact(self) -> bool:
-        return self.gap is None and (self.next_pos is None or self.next_pos == (self.epoch, self.step))
+        continued = self.next_pos is None or self.next_pos == (self.epoch, self.step)
+        return self.gap is None and continued
 
 
 @dataclass(slots=True)

@@ -44,7 +44,8 @@ def stall_check(run: Run) -> tuple[Check, dict[str, Any]]:
                "samples": samples, "samples_per_s_per_rank": rate,
                "wait_ms_p50": float(np.percentile(waits, 50)) if len(r) else 0.0,
                "wait_ms_p99": float(np.percentile(waits, 99)) if len(r) else 0.0}
-    summary = (f"{share:.1%} of the time waiting for data; wait p50 {details['wait_ms_p50']:.2f} ms "
+    summary = (f"{share:.1%} of the time waiting for data; "
+               f"wait p50 {details['wait_ms_p50']:.2f} ms "
                f"p99 {details['wait_ms_p99']:.2f} ms; {rate:,.0f} samples/s per rank")
     return Check("stall", "info", summary, details), series
 

@@ -124,7 +124,8 @@ def stream_check(run: Run) -> Check:
                  for led in run.ledgers if led.truncated]
     unclosed = [led.path for led in run.ledgers if led.segments and not led.segments[-1].closed]
     details = {"discontinuities": jumps, "truncated": truncated, "unclosed": unclosed,
-               "steps": int(len(run.records)), "effective_steps": int(run.records["effective"].sum())}
+               "steps": int(len(run.records)),
+               "effective_steps": int(run.records["effective"].sum())}
     hard = [j for j in jumps if j["kind"] == "jump"]
     if hard:
         j = hard[0]

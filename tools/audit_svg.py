@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from html import escape
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["line_chart"]
 
@@ -50,7 +50,8 @@ def line_chart(title: str, series: Sequence[tuple[str, Sequence[float], Sequence
     for v in _ticks(0.0, y_hi):
         y = py(v)
         out.append(f'<line x1="{_L}" x2="{_L + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
-                   f'<text x="{_L - 6}" y="{y + 4:.1f}" text-anchor="end" class="k">{_fmt(v)}</text>')
+                   f'<text x="{_L - 6}" y="{y + 4:.1f}" text-anchor="end" class="k">'
+                   f'{_fmt(v)}</text>')
     for v in _ticks(0.0, x_hi):
         x = px(v)
         out.append(f'<text x="{x:.1f}" y="{_T + ph + 16}" text-anchor="middle" class="k">'

@@ -12,8 +12,9 @@ __all__ = ["add_parser", "run"]
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "audit", help="check a run's ledger: replay, coverage, resumes, comparison, stalls",
-        description="Audit the ledger(s) of a training run written with DataLoader(ledger=...). "
-                    "Exit code 0 when the run is reproducible, 1 when a check fails, 2 on bad usage.")
+        description="Audit the ledger(s) of a training run written with "
+                    "DataLoader(ledger=...). Exit code 0 when the run is reproducible, 1 when a "
+                    "check fails, 2 on bad usage.")
     p.add_argument("run", help="a ledger file, or a directory of per-rank *.ledger files")
     p.add_argument("run2", nargs="?", help="a second run to compare with")
     p.add_argument("-o", "--output", metavar="REPORT.html", help="write the HTML report here")

@@ -10,8 +10,9 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "reproducible_train
 
 
 def test_reproducible_training_example(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, str(EXAMPLE), "--workdir", str(tmp_path), "--rows", "3000"],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--workdir", str(tmp_path), "--rows", "3000"],
+        capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "bitwise identical" in out.stdout
     assert out.stdout.count("result: REPRODUCIBLE") == 3

@@ -24,12 +24,14 @@ def _head(**kw: object) -> dict:
             "world_size": 1, "global_batch": 4, "num_samples": 400, **kw}
 
 
-def _write(path: Path, n: int, *, ids: bool = False, seed: int = 0, **kw: object) -> list[np.ndarray]:
+def _write(path: Path, n: int, *, ids: bool = False, seed: int = 0,
+           **kw: object) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     batches = [rng.permutation(1000)[:32].astype(np.int64) for _ in range(n)]
     with LedgerWriter(path, _head(), ids=ids, **kw) as w:
         for s, b in enumerate(batches):
-            w.step(s // 100, s % 100, 0, b, float(rng.random() * 1e-3), float(0.02 + rng.random() * 1e-3))
+            w.step(s // 100, s % 100, 0, b, float(rng.random() * 1e-3),
+                   float(0.02 + rng.random() * 1e-3))
     return batches
 
 

@@ -45,4 +45,5 @@ def test_elastic_resume_from_two_ranks_to_one(tmp_path: Path, dataset) -> None:
     assert [r["step"] for r in report.check("resumes").details["resumes"]] == [5]
     assert all(e["complete"] for e in report.check("coverage").details["epochs"])
     assert report.check("comparison").details["common_steps"] == 28
-    assert audit(tmp_path / "runs/s.ledger").check("coverage").details["epochs"][0]["method"] == "ids"
+    epochs = audit(tmp_path / "runs/s.ledger").check("coverage").details["epochs"]
+    assert epochs[0]["method"] == "ids"
