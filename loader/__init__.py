@@ -1,6 +1,30 @@
-"""stoker.loader: the order contract, workers, resume, and the drop-in DataLoader."""
+"""stoker.loader: the order contract, workers, resume, and the drop-in DataLoader.
 
-from stoker.loader.dataloader import DataLoader
-from stoker.loader.errors import LoaderError, LoaderTimeoutError, StateError, WorkerError
+``DataLoader`` and the errors are imported lazily, so order-only users (the audit's replay,
+the cache's planner) do not pay for importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __all__ = ["DataLoader", "LoaderError", "LoaderTimeoutError", "StateError", "WorkerError"]
+
+_WHERE = {
+    "DataLoader": "stoker.loader.dataloader",
+    "LoaderError": "stoker.loader.errors",
+    "LoaderTimeoutError": "stoker.loader.errors",
+    "StateError": "stoker.loader.errors",
+    "WorkerError": "stoker.loader.errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'stoker.loader' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

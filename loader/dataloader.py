@@ -42,6 +42,8 @@ class DataLoader:
         seed: the order seed; default drawn from ``generator`` or torch's global RNG (recorded).
         columns: columns to read from a stoker dataset (default all).
         features: numeric columns stacked into ``batch["features"]``, float32 ``[B, K]``.
+        categoricals: integer or dictionary columns stacked into ``batch["categoricals"]``,
+            int64 ``[B, C]`` (nulls -> 0).
         transform: a function applied to each whole batch inside the workers.
         rank, world_size: default from torch.distributed or RANK / WORLD_SIZE.
         partitions, block_size, partition_mode: order options (see ``OrderOptions``).
@@ -88,6 +90,7 @@ class DataLoader:
         storage_options: Mapping[str, Any] | None = None,
         ledger: str | os.PathLike[str] | None = None,
         ledger_ids: bool = False,
+        categoricals: Sequence[str] | None = None,
     ) -> None:
         _check_torch_args(batch_size, shuffle, sampler, batch_sampler, drop_last, num_workers,
                           timeout, prefetch_factor, persistent_workers)
@@ -106,6 +109,7 @@ class DataLoader:
             raise ValueError(f"worker_mode={worker_mode!r} is not supported; use 'thread' or 'process'")
         self.rank, self.world_size = resolve_world(rank, world_size)
         self._cache = None
+        self._categoricals = categoricals
         self._source = self._make_source(dataset, columns, features, collate_fn, batch_size,
                                          cache_dir, cache_limit, storage_options, partitions)
         self.sampler = sampler
@@ -117,14 +121,15 @@ class DataLoader:
                              "sampler to use stoker's partitioned order.")
         self.seed = resolve_seed(seed, generator)
         shuffle = bool(shuffle)
-        default_partitions = OrderOptions().partitions
+        if partitions is None:  # the smallest multiple of world_size >= the documented default
+            partitions = -(-OrderOptions().partitions // self.world_size) * self.world_size
         self.order_options = OrderOptions(
             shuffle=shuffle,
-            partitions=partitions if partitions is not None else max(default_partitions, self.world_size),
+            partitions=partitions,
             block_size=block_size,
             partition_mode=partition_mode,
         ).resolve(self._source.shard_rows)
-        if self._mode == "order" and self.order_options.partitions % self.world_size:
+        if shuffle and self._mode == "order" and self.order_options.partitions % self.world_size:
             raise ValueError(f"world_size={self.world_size} must divide partitions="
                              f"{self.order_options.partitions}; pass partitions= a multiple of "
                              "every world size you plan to resume with (e.g. 8 or 64).")
@@ -163,9 +168,9 @@ class DataLoader:
                                  "datasets only; pass batch_size >= 1 for a stoker dataset.")
             # With a cache, every open shard holds a pin: keep the open set near the rank's
             # live window (about two shards per owned partition) so the budget can hold it.
-            max_open = 256 if opener is None else 2 * (partitions or 8) + self.num_workers + 2
+            max_open = 256 if opener is None else 2 * (partitions or 16) + self.num_workers + 2
             source = ArrowSource(manifest, columns=columns, features=features, opener=opener,
-                                 max_open=max_open)
+                                 max_open=max_open, categoricals=self._categoricals)
             self._collate = collate_fn
             return source
         if isinstance(dataset, IterableDataset):
@@ -175,8 +180,8 @@ class DataLoader:
             raise TypeError(f"dataset must be a stoker dataset path/URL, a Manifest or a map-style "
                             f"torch Dataset with __len__ and __getitem__; got {type(dataset).__name__}")
         self.location = f"<{type(dataset).__name__}>"
-        if columns is not None or features is not None:
-            raise ValueError("columns= and features= apply to stoker datasets only")
+        if columns is not None or features is not None or self._categoricals is not None:
+            raise ValueError("columns=, features= and categoricals= apply to stoker datasets only")
         self._collate = None
         collate = collate_fn or (default_collate if batch_size is not None else default_convert)
         return TorchSource(dataset, collate, batched=batch_size is not None)

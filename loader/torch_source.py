@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import torch
 
 from stoker.loader.errors import WorkerError
 from stoker.manifest import hash_bytes
@@ -70,8 +71,34 @@ class TorchSource:
             (i,) = index
             sample = self._samples([i])[0]
             return self.collate_fn(sample) if self.collate_fn else sample
+        if not index and len(self.dataset):
+            return self._empty_batch()
         samples = self._samples(index)
         return self.collate_fn(samples) if self.collate_fn else samples
 
+    def _empty_batch(self) -> Any:
+        """A batch of zero samples with the structure of a real one.
+
+        A rank's share of the last global batch can be empty (see ``schedule.py``); every
+        rank still takes the step, so collectives stay aligned. Collating needs a sample to
+        know the structure: sample 0 is collated and every tensor cut to zero rows.
+        """
+        one = self.collate_fn([self.dataset[0]]) if self.collate_fn else []
+        return _truncate(one)
+
     def close(self) -> None:
         """Nothing to release; present for symmetry with ArrowSource."""
+
+
+def _truncate(batch: Any) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch[:0]
+    if isinstance(batch, dict):
+        return {k: _truncate(v) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_truncate(v) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        if batch and all(not isinstance(v, (torch.Tensor, dict, list, tuple)) for v in batch):
+            return type(batch)()
+        return type(batch)(_truncate(v) for v in batch)
+    return batch

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from stoker.loader import DataLoader
 from stoker.loader.order import EpochOrder
@@ -93,3 +94,19 @@ def test_seed_from_torch_global_rng_is_recorded(dataset) -> None:
     c = DataLoader(dataset, batch_size=10, shuffle=True, generator=g)
     assert c.seed == torch.empty((), dtype=torch.int64).random_(
         generator=torch.Generator().manual_seed(7)).item()
+
+
+def test_tail_shares_of_a_generic_dataset_keep_ranks_in_step() -> None:
+    """10 samples, global batch 9, W=3: the last step has one sample, so two ranks get an
+    empty batch with the right structure, and the union over ranks is every sample once."""
+    data = [(i, float(i)) for i in range(10)]
+    seen, steps = [], set()
+    for rank in range(3):
+        batches = list(DataLoader(data, batch_size=3, rank=rank, world_size=3, shuffle=True,
+                                  seed=4))
+        steps.add(len(batches))
+        for ids, vals in batches:
+            assert ids.dtype == torch.int64 and vals.dtype == torch.float64
+            seen += ids.tolist()
+    assert steps == {2}
+    assert sorted(seen) == list(range(10))
