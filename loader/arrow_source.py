@@ -1,8 +1,12 @@
-"""Read samples of a stoker dataset by global id: memory-mapped shards, vectorised takes.
+"""Read samples of a stoker dataset by global id: memory-mapped shards, fused kernels.
 
 A global sample id is the sample's index in the concatenation of the manifest's shards.
-Reading a batch groups its ids by shard, takes the rows from each memory-mapped shard
-(zero-copy for uncompressed shards), and restores the requested order with one more take.
+Uncompressed (memory-mapped, zero-copy) shards go through the fast path
+(:mod:`stoker.loader.fastpath`): Numba kernels gather the rows straight into reusable batch
+buffers (:mod:`stoker.loader.ring`). Otherwise (compressed shards, or ``features`` /
+``categoricals`` the kernels cannot read) a batch groups its ids by shard, takes the rows from
+each shard with pyarrow and restores the requested order with one more take; both paths
+return equal batches.
 """
 
 from __future__ import annotations
@@ -14,9 +18,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import torch
 
 from stoker.loader.convert import stack_features, table_to_batch
 from stoker.loader.errors import WorkerError
+from stoker.loader.fastpath import FastPlan, NotZeroCopy, ShardData
+from stoker.loader.ring import BufferRing
 from stoker.manifest import Manifest, ManifestError, redact_url
 
 __all__ = ["ArrowSource", "ShardOpener"]
@@ -33,18 +40,25 @@ class ArrowSource:
         columns: columns to read (default: all).
         features: numeric columns stacked into one float32 ``[B, K]`` tensor under
             ``"features"`` (and not returned separately).
+        categoricals: integer or dictionary columns stacked into one int64 ``[B, C]`` tensor
+            under ``"categoricals"`` (dictionary columns give their codes; nulls -> 0).
         opener: how to get a local file for a shard (the cache passes its own); by default
             the manifest's own location, which must then be local.
         max_open: shards kept open (memory maps are cheap; this bounds file handles).
+        fast: use the Numba fast path where the shards allow it (``False``: always pyarrow).
+        ring_depth: batch buffers kept for reuse by the fast path (see stoker.loader.ring).
+        pin: allocate those buffers in page-locked memory (needs CUDA).
     """
 
     kind = "stoker"
 
     def __init__(self, manifest: Manifest, *, columns: Sequence[str] | None = None,
                  features: Sequence[str] | None = None, opener: ShardOpener | None = None,
-                 max_open: int = 256) -> None:
+                 max_open: int = 256, categoricals: Sequence[str] | None = None,
+                 fast: bool = True, ring_depth: int = 8, pin: bool = False) -> None:
         names = manifest.arrow_schema.names
-        for what, given in (("columns", columns), ("features", features)):
+        for what, given in (("columns", columns), ("features", features),
+                            ("categoricals", categoricals)):
             unknown = [c for c in (given or ()) if c not in names]
             if unknown:
                 raise ManifestError(f"{what}={list(given or ())!r}: no column named "
@@ -54,13 +68,42 @@ class ArrowSource:
         self.shard_rows = manifest.shard_rows
         self._starts = np.concatenate([[0], np.cumsum(self.shard_rows)]).astype(np.int64)
         self.features = list(features or ())
+        self.categoricals = list(categoricals or ())
+        both = set(self.features) & set(self.categoricals)
+        if both:
+            raise ValueError(f"column {sorted(both)[0]!r} is in both features= and "
+                             "categoricals=; list it in one of them.")
         wanted = list(columns) if columns is not None else list(names)
-        self.columns = list(dict.fromkeys(wanted + self.features))
+        self.columns = list(dict.fromkeys(wanted + self.features + self.categoricals))
+        schema = manifest.arrow_schema
+        self._check_categoricals(schema)
+        self._plan = FastPlan(schema, self.columns, self.features, self.categoricals) \
+            if fast and FastPlan.supports(schema, self.features, self.categoricals) else None
+        self._ring = BufferRing(ring_depth, pin)
+        self._data: dict[int, ShardData | None] = {}
         self._opener = opener or self._local_opener
         self._open: OrderedDict[int, tuple[pa.Table, AbstractContextManager[str]]] = OrderedDict()
         self._max_open = max_open
         self._lock = threading.Lock()
         self.opened_shards: set[int] = set()
+
+    def _check_categoricals(self, schema: pa.Schema) -> None:
+        for name in self.categoricals:
+            t = schema.field(name).type
+            if not (pa.types.is_integer(t) or pa.types.is_dictionary(t)):
+                raise ValueError(f"categoricals={self.categoricals!r}: column {name!r} is {t}; "
+                                 "categoricals must be integer or dictionary columns (pass "
+                                 "float columns in features= instead).")
+
+    @property
+    def fast(self) -> bool:
+        """Whether batches can use the fast path (shards are checked as they are opened)."""
+        return self._plan is not None
+
+    @property
+    def ring(self) -> BufferRing:
+        """The reusable batch buffers of the fast path."""
+        return self._ring
 
     # -- shard access ---------------------------------------------------------------------
     def _local_opener(self, index: int) -> AbstractContextManager[str]:
@@ -80,9 +123,13 @@ class ArrowSource:
         handle = self._opener(index)
         path = handle.__enter__()
         try:
-            reader = pa.ipc.open_file(pa.memory_map(path, "r"))
-            table = reader.read_all().select(self.columns)
-            if self.manifest.compression != "none":
+            source = pa.memory_map(path, "r")
+            arena = source.read_buffer(source.size())  # zero-copy view of the whole file
+            reader = pa.ipc.open_file(arena)
+            batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+            table = pa.Table.from_batches(batches, reader.schema).select(self.columns)
+            data = self._shard_data(batches, arena)
+            if data is None and self.manifest.compression != "none":
                 table = table.combine_chunks()  # decompress once, not once per take
         except BaseException:
             handle.__exit__(None, None, None)
@@ -95,11 +142,30 @@ class ArrowSource:
                 table = self._open[index][0]
             else:
                 self._open[index] = (table, handle)
+                self._data[index] = data
             while len(self._open) > self._max_open:
-                closing.append(self._open.popitem(last=False)[1][1])
+                evicted, (_, old) = self._open.popitem(last=False)
+                self._data.pop(evicted, None)
+                closing.append(old)
         for h in closing:
             h.__exit__(None, None, None)
         return table
+
+    def _shard_data(self, batches: list[pa.RecordBatch], arena: pa.Buffer) -> ShardData | None:
+        """Kernel inputs for a shard, or ``None`` when it is not zero-copy (e.g. compressed)."""
+        if self._plan is None or not batches:
+            return None
+        try:
+            return ShardData(batches, arena, self._plan.kernel_columns)
+        except NotZeroCopy:
+            return None
+
+    def _data_of(self, index: int) -> ShardData:
+        self._table(index)
+        data = self._data.get(index)
+        if data is None:
+            raise NotZeroCopy(f"shard {index} is not zero-copy")
+        return data
 
     # -- reading --------------------------------------------------------------------------
     def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -107,11 +173,13 @@ class ArrowSource:
         shard = np.searchsorted(self._starts, ids, side="right") - 1
         return shard, ids - self._starts[shard]
 
-    def take(self, ids: np.ndarray) -> pa.Table:
-        """Rows ``ids`` (global) as one Arrow table, in the given order."""
+    def take(self, ids: np.ndarray, columns: Sequence[str] | None = None) -> pa.Table:
+        """Rows ``ids`` (global) of ``columns`` (default: all read) as one Arrow table, in the
+        given order."""
         ids = np.asarray(ids, dtype=np.int64)
+        columns = self.columns if columns is None else list(columns)
         if len(ids) == 0:
-            return self.manifest.arrow_schema.empty_table().select(self.columns)
+            return self.manifest.arrow_schema.empty_table().select(columns)
         shard, row = self.locate(ids)
         by_shard = np.argsort(shard, kind="stable")
         bounds = np.flatnonzero(np.diff(shard[by_shard])) + 1
@@ -119,7 +187,7 @@ class ArrowSource:
         for group in np.split(by_shard, bounds):
             s = int(shard[group[0]])
             try:
-                pieces.append(self._table(s).take(pa.array(row[group])))
+                pieces.append(self._table(s).select(columns).take(pa.array(row[group])))
             except Exception as exc:  # name the shard and samples, keep the cause
                 path = redact_url(self.manifest.shard_location(s))
                 raise WorkerError(f"reading shard {s} ({path}) for samples "
@@ -133,12 +201,32 @@ class ArrowSource:
         return table
 
     def fetch(self, ids: np.ndarray) -> dict[str, Any]:
-        """The batch dict for ``ids``: ``features`` stacked, other columns converted."""
+        """The batch dict for ``ids``: ``features`` and ``categoricals`` stacked, other columns
+        converted (see stoker.loader.convert for the rules)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if self._plan is not None and len(ids):
+            try:
+                groups = self._plan.groups(ids, self._starts, self._data_of)
+            except Exception:  # noqa: BLE001 - not zero-copy, or unreadable: the pyarrow path
+                pass           # below reads it, or raises the error naming shard and samples
+            else:
+                slot = self._ring.acquire()
+                try:
+                    return self._plan.run(groups, len(ids), slot,
+                                          lambda cols: table_to_batch(self.take(ids, cols)))
+                finally:
+                    self._ring.release(slot)
+        return self._fetch_arrow(ids)
+
+    def _fetch_arrow(self, ids: np.ndarray) -> dict[str, Any]:
         table = self.take(ids)
         batch: dict[str, Any] = {}
         if self.features:
             batch["features"] = stack_features(table, self.features)
             table = table.drop_columns(self.features)
+        if self.categoricals:
+            batch["categoricals"] = _stack_ints(table, self.categoricals)
+            table = table.drop_columns(self.categoricals)
         batch.update(table_to_batch(table))
         return batch
 
@@ -147,5 +235,14 @@ class ArrowSource:
         with self._lock:
             entries = list(self._open.values())
             self._open.clear()
+            self._data.clear()
         for _, handle in entries:
             handle.__exit__(None, None, None)
+
+
+def _stack_ints(table: pa.Table, columns: Sequence[str]) -> torch.Tensor:
+    """Integer / dictionary columns -> int64 ``[B, C]`` (dictionary -> codes, nulls -> 0)."""
+    out = np.empty((table.num_rows, len(columns)), dtype=np.int64)
+    for j, name in enumerate(columns):
+        out[:, j] = table_to_batch(table.select([name]))[name].numpy()
+    return torch.from_numpy(out)
