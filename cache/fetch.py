@@ -59,19 +59,22 @@ class Job:
         etag: validator of the object the written bytes came from, or ``None``.
     """
 
-    __slots__ = ("_counters", "etag", "file", "offset", "received", "shard", "shown", "size",
-                 "url")
+    __slots__ = ("_counters", "_stop", "etag", "file", "offset", "received", "shard", "shown",
+                 "size", "url")
 
     def __init__(self, url: str, shown: str, shard: str, size: int, file: BinaryIO,
-                 counters: _Counters) -> None:
+                 counters: _Counters, stop: threading.Event | None = None) -> None:
         self.url, self.shown, self.shard, self.size, self.file = url, shown, shard, size, file
         self._counters = counters
+        self._stop = stop
         self.offset = 0
         self.received = 0
         self.etag: str | None = None
 
     def write(self, data: bytes) -> None:
         """Append received bytes; local disk errors are not network errors and are not retried."""
+        if self._stop is not None and self._stop.is_set():
+            raise CacheError(f"shard {self.shard!r}: download cancelled (cache closed).")
         try:
             self.file.write(data)
         except OSError as exc:

@@ -13,8 +13,10 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import threading
 from typing import Any, Mapping
 
+from stoker.cache.errors import CacheError
 from stoker.cache.fetch import Fatal, Job, Mismatch, Transient
 
 __all__ = ["FsspecFetcher", "LocalFetcher"]
@@ -27,15 +29,28 @@ class FsspecFetcher:
 
     def __init__(self, storage_options: Mapping[str, Any] | None) -> None:
         self._options = dict(storage_options or {})
+        self._lock = threading.Lock()
+        self._fs: tuple[int, str, Any] | None = None  # (pid, protocol, filesystem)
 
-    def attempt(self, job: Job) -> None:
+    def _filesystem(self, url: str) -> tuple[Any, str]:
+        """The filesystem for ``url``, made once per process: building an s3fs client costs
+        ~0.3 s (and ``skip_instance_cache`` in the options would pay that per shard)."""
         import fsspec  # imported lazily: local datasets never pay for it
 
+        protocol = url.split("://", 1)[0]
+        with self._lock:
+            if self._fs is None or self._fs[:2] != (os.getpid(), protocol):
+                fs, _ = fsspec.core.url_to_fs(url, **self._options)
+                self._fs = (os.getpid(), protocol, fs)
+            fs = self._fs[2]
+        return fs, fs._strip_protocol(url)
+
+    def attempt(self, job: Job) -> None:
         try:
-            fs, path = fsspec.core.url_to_fs(job.url, **self._options)
+            fs, path = self._filesystem(job.url)
             with fs.open(path, "rb", block_size=_CHUNK, cache_type="none") as f:
                 self._read(job, fs, path, f)
-        except (Fatal, Mismatch, Transient):
+        except (Fatal, Mismatch, Transient, CacheError):
             raise
         except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
             raise Fatal(f"{type(exc).__name__} from the storage backend") from None

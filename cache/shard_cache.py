@@ -192,7 +192,9 @@ class ShardCache:
             self._closed.set()
             self._wake.notify_all()
         for t in self._threads:
-            t.join()
+            # A thread inside a stalled read notices only at the socket timeout; it removes its
+            # own temp files then, so close() does not wait for it beyond a few seconds.
+            t.join(timeout=5.0)
         with self._mutex:
             for lock in self._pin_locks.values():
                 lock.release()
@@ -367,7 +369,7 @@ class ShardCache:
         shard = self._manifest.shards[i]
         try:
             with open(part, "wb") as f:
-                job = Job(url, shown, shard.path, shard.bytes, f, self._counters)
+                job = Job(url, shown, shard.path, shard.bytes, f, self._counters, self._closed)
                 download(self._fetcher, job, self._policy, self._counters, self._closed)
         except Mismatch as exc:
             return str(exc)
@@ -486,6 +488,10 @@ class ShardCache:
         A prefetch only evicts shards needed later than ``i`` and never waits; a foreground
         request evicts any unpinned shard and waits for other processes to unpin.
         """
+        if self._limit is None:  # nothing to decide, nothing to serialise
+            if action is not None:
+                action()
+            return True
         deadline = time.monotonic() + _ROOM_WAIT_S
         while True:
             with self._budget():
