@@ -106,8 +106,8 @@ def audit_time(tmp: Path, n: int) -> None:
     from stoker.manifest import Manifest, ShardInfo
     from stoker.tools.audit import audit
 
-    rows = 1000
-    shards = [ShardInfo(f"s/{i:05d}.arrow", rows, 1, "0" * 32, (rows,)) for i in range(100)]
+    rows = 2000
+    shards = [ShardInfo(f"s/{i:05d}.arrow", rows, 1, "0" * 32, (rows,)) for i in range(500)]
     m = Manifest.create(schema=pa.schema([("x", pa.int64())]), shards=shards, sources=[],
                         options={}, stoker_version="0")
     (tmp / "data").mkdir()

@@ -87,19 +87,18 @@ def _epoch(run: Run, epoch: int, rows: np.ndarray, match: np.ndarray | None) -> 
 
 def _step_cover(recs: np.ndarray) -> tuple[list[int], list[int]]:
     """Steps fully covered (all ranks of a world size once) and steps covered more than once."""
-    full, dups = [], []
-    order = np.lexsort((recs["rank"], recs["world"], recs["step"]))
-    recs = recs[order]
-    bounds = np.flatnonzero(np.diff(recs["step"])) + 1
-    for group in np.split(recs, bounds):
-        pairs = list(zip(group["world"].tolist(), group["rank"].tolist()))
-        worlds = {w for w, _ in pairs}
-        step = int(group[0]["step"])
-        if len(set(pairs)) < len(pairs) or len(worlds) > 1:
-            dups.append(step)
-        if any(sorted(r for w2, r in pairs if w2 == w) == list(range(w)) for w in worlds):
-            full.append(step)
-    return full, dups
+    steps, worlds, ranks = recs["step"], recs["world"], recs["rank"]
+    pairs = np.unique(np.stack([steps, worlds]), axis=1)  # distinct (step, world size)
+    multi, n_worlds = np.unique(pairs[0], return_counts=True)
+    dups = set(multi[n_worlds > 1].tolist())  # one step recorded under two world sizes
+    full: set[int] = set()
+    for w in np.unique(worlds).tolist():
+        sel = (worlds == w) & (ranks < w)
+        keys, counts = np.unique(steps[sel] * w + ranks[sel], return_counts=True)
+        dups |= set((keys[counts > 1] // w).tolist())
+        covered, n_ranks = np.unique(keys // w, return_counts=True)
+        full |= set(covered[n_ranks == w].tolist())
+    return sorted(full), sorted(dups)
 
 
 def _sample_cover(run: Run, rows: np.ndarray, plan: Any, complete: bool,

@@ -288,3 +288,17 @@ def test_comparison_across_world_sizes_needs_the_replay(tmp_path: Path, dataset,
     assert audit(a, b).check("comparison").status == "pass"
     moved = audit(a, b, dataset=str(tmp_path / "gone")).check("comparison")
     assert moved.status == "warn" and moved.details["incomparable_steps"] == 28
+
+
+def test_steps_recorded_twice_without_a_resume(tmp_path: Path, dataset, kit) -> None:
+    m, loc = dataset
+    head = kit.header(m, loc)
+    spe = kit.steps_per_epoch(head)
+    with LedgerWriter(tmp_path / "a.ledger", head) as w:
+        kit.write_steps(w, m, head, [(0, s) for s in range(6)] + [(0, s) for s in range(3, spe)])
+    report = audit(tmp_path / "a.ledger")
+    assert report.check("stream").details["discontinuities"][0]["from"] == [0, 5]
+    assert report.check("stream").status == "fail"
+    ep0 = report.check("coverage").details["epochs"][0]
+    assert ep0["duplicate_steps"] == [3, 4, 5] and ep0["status"] == "fail"
+    assert report.check("replay").status == "pass"  # each step alone is what the order says
