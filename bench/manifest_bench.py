@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"manifest: {args.shards:,} shards, {size / 1e6:.1f} MB")
     print(f"Manifest.load + shard_rows  median {med:.3f} s  (runs: "
           f"{', '.join(f'{t:.3f}' for t in loads)})  goal < 1 s: {'met' if med < 1 else 'MISSED'}")
-    print(f"json.loads (floor)          median {base:.3f} s  -> load costs {med / base:.2f}x the floor")
+    print(f"json.loads (floor)          median {base:.3f} s  -> load costs {med / base:.2f}x "
+          "the floor")
     return 0
 
 

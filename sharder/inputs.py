@@ -151,8 +151,9 @@ def discover_inputs(sources: Sequence[str | os.PathLike[str]],
     formats = sorted({f.format for f in inputs})
     if len(formats) > 1:
         first = {f.format: f.rel for f in reversed(inputs)}
-        raise SharderError(f"inputs mix formats ({', '.join(f'{k}: {first[k]!r}' for k in formats)});"
-                           " shard one format at a time or pass --format.")
+        shown = ", ".join(f"{k}: {first[k]!r}" for k in formats)
+        raise SharderError(f"inputs mix formats ({shown}); shard one format at a time or pass "
+                           "--format.")
     keys = {tuple(k for k, _ in f.partitions) for f in inputs}
     if len(keys) > 1:
         a, b = sorted(keys)[:2]

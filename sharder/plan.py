@@ -8,6 +8,8 @@ nothing but the plan, so the output cannot depend on worker count, engine or tim
 from __future__ import annotations
 
 import base64
+import bisect
+import itertools
 import re
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -45,6 +47,7 @@ class Plan:
         schema: the output schema (selected columns, in output order, no metadata).
         rows_per_shard: rows in every shard but the last.
         options: the resolved options that define the data (recorded in the manifest).
+        offsets: global row index of each input's first row, plus the total at the end.
     """
 
     inputs: tuple[InputFile, ...]
@@ -55,10 +58,11 @@ class Plan:
     schema: pa.Schema
     rows_per_shard: int
     options: dict[str, Any]
+    offsets: tuple[int, ...]
 
     @property
     def num_rows(self) -> int:
-        return sum(s.rows for s in self.scans)
+        return self.offsets[-1]
 
     @property
     def num_shards(self) -> int:
@@ -73,15 +77,15 @@ class Plan:
         """The row ranges of shard ``index``, one per input file it touches, in order."""
         lo = index * self.rows_per_shard
         hi = min(lo + self.rows_per_shard, self.num_rows)
-        pieces, offset = [], 0
-        for i, scan in enumerate(self.scans):
+        pieces = []
+        for i in range(bisect.bisect_right(self.offsets, lo) - 1, len(self.scans)):
+            offset, scan = self.offsets[i], self.scans[i]
+            if offset >= hi:
+                break
             start, stop = max(lo - offset, 0), min(hi - offset, scan.rows)
             if stop > start:
                 pieces.append(Piece(self.inputs[i], scan.row_groups, self.partition_values[i],
                                     start, stop))
-            offset += scan.rows
-            if offset >= hi:
-                break
         return pieces
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,18 +119,18 @@ def make_plan(inputs: Sequence[InputFile], options: ShardOptions) -> Plan:
     partition_fields, partition_values = _partition_columns(inputs, file_schema)
     full = pa.schema(list(file_schema) + list(partition_fields))
     schema = _select(full, options.columns)
-    total = sum(s.rows for s in scans)
-    if total == 0:
+    offsets = (0, *itertools.accumulate(s.rows for s in scans))
+    if offsets[-1] == 0:
         raise SharderError(f"the {len(inputs)} input file(s) hold 0 rows (first: "
                            f"{inputs[0].path!r}); there is nothing to shard. Check SRC.")
     plan = Plan(tuple(inputs), scans, file_schema, partition_fields, partition_values, schema,
-                1, {})
+                1, {}, offsets)
     rows_per_shard = options.rows_per_shard or _rows_for_bytes(plan, options.target_shard_bytes)
     resolved = {"rows_per_shard": rows_per_shard, "compression": options.compression,
                 "columns": None if options.columns is None else list(options.columns),
                 "format": fmt, "batch_bytes": options.batch_bytes}
     return Plan(tuple(inputs), scans, file_schema, partition_fields, partition_values, schema,
-                rows_per_shard, resolved)
+                rows_per_shard, resolved, offsets)
 
 
 def _rows_for_bytes(plan: Plan, target: int) -> int:

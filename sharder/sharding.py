@@ -151,7 +151,8 @@ def _guard_os(fn: Any, dst: Path) -> Any:
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             remove_temp_files(dst)
-            raise SharderError(f"disk full while writing into DST {str(dst)!r}; no manifest was "
-                               "written. Free space or choose another DST, then run again.") from exc
+            raise SharderError(f"disk full while writing into DST {str(dst)!r}; no manifest "
+                               "was written. Free space or choose another DST, then run again."
+                               ) from exc
         raise SharderError(f"DST {str(dst)!r} is not writable ({type(exc).__name__}: "
                            f"{exc.strerror or exc}); choose a directory you can write to.") from exc

@@ -83,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"  shard     {t2 - t1:6.2f} s  {manifest.num_shards} shards, {format_size(size)}, "
           f"{args.rows / (t2 - t1):,.0f} rows/s, {size / 1e6 / (t2 - t1):,.0f} MB/s "
           f"({args.workers} worker(s))")
-    print(f"  verify    {t3 - t2:6.2f} s  {'OK' if not problems else f'{len(problems)} MISMATCHES'}, "
-          f"{size / 1e6 / (t3 - t2):,.0f} MB/s")
+    status = "OK" if not problems else f"{len(problems)} MISMATCHES"
+    print(f"  verify    {t3 - t2:6.2f} s  {status}, {size / 1e6 / (t3 - t2):,.0f} MB/s")
     print(f"  read      {t4 - t3:6.2f} s  {rows:,} rows into NumPy, {rows / (t4 - t3):,.0f} rows/s, "
           f"{nbytes / 1e6 / (t4 - t3):,.0f} MB/s")
     print(f"  fingerprint {manifest.fingerprint}")

@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"MISMATCH {line}", file=sys.stdout)
     if problems:
         print(f"stoker verify: {len(problems)} of {manifest.num_shards} shards do not match the "
-              f"manifest of {args.dataset}; restore them or re-create the dataset with `stoker shard --overwrite`.",
+              f"manifest of {args.dataset}; restore them or re-create the dataset with "
+              "`stoker shard --overwrite`.",
               file=sys.stderr)
         return 1
     print(f"{args.dataset}: all {manifest.num_shards} shards match "

@@ -63,7 +63,8 @@ def test_verify_lists_every_mismatch(src: Path, tmp_path: Path, capsys) -> None:
     assert code == 1
     assert out.splitlines()[0].startswith("MISMATCH shards/00001.arrow: xxh3-128 ")
     listed = json.loads((dst / "manifest.json").read_text())["shards"][2]["bytes"]
-    assert out.splitlines()[1] == f"MISMATCH shards/00002.arrow: size 5 bytes, manifest says {listed}"
+    assert out.splitlines()[1] == \
+        f"MISMATCH shards/00002.arrow: size 5 bytes, manifest says {listed}"
     assert "2 of 3 shards do not match" in err
     (dst / "shards/00000.arrow").unlink()
     code, out, _ = _run(capsys, "verify", str(dst), "--quiet")
