@@ -45,7 +45,11 @@ def coverage_check(run: Run, match: np.ndarray | None) -> Check:
 def _epoch(run: Run, epoch: int, rows: np.ndarray, match: np.ndarray | None) -> dict[str, Any]:
     recs = run.records[rows]
     head = run.segment_header(int(recs[0]["file"]), int(recs[0]["seg"]))
-    plan = plan_of(head)
+    try:
+        plan = plan_of(head)
+    except (KeyError, TypeError, ValueError) as exc:
+        return {"epoch": epoch, "status": "unverified", "complete": False,
+                "verdict": f"unknown batch geometry (header lacks {exc})"}
     spe = plan.steps_per_epoch
     steps, dup_steps = _step_cover(recs)
     covered = np.zeros(spe, dtype=bool)

@@ -6,10 +6,10 @@ included), a per-rank name whose plain file does not exist, or a directory (ever
 came from (file, segment, index) and the world size it was recorded under, so the checks can
 work on arrays instead of nested segments.
 
-Effective stream: a resume (the ``"resume"`` event, or a new segment starting without one)
-rolls a file back to the resumed position, exactly as the training state was rolled back; the
-steps recorded after that position before the resume were recomputed, so they are not part of
-the data the final model saw. They are kept out of coverage and comparison (``effective`` is
+Effective stream: a resume (the ``"resume"`` event, or a new segment that records steps
+without one: a fresh start at ``(start_epoch, 0)``) rolls a file back to the resumed position,
+exactly as the training state was rolled back; the steps recorded after that position before
+the resume were recomputed, so they are not part of the data the final model saw. They are kept out of coverage and comparison (``effective`` is
 False) but still replayed. Rollback is applied per file; with an elastic resume to another
 world size (other files), steps the old world recorded past the resume point show up as
 duplicates.
@@ -168,7 +168,7 @@ def _resume_points(run: Run, fi: int) -> list[Resume]:
             epoch, step, state = _resume_target(e)
             if epoch is not None:
                 out.append(Resume(fi, si, base + int(e["at"]), epoch, step, True, state=state))
-        if si > 0 and not any(int(e["at"]) == 0 for e in explicit):
+        if si > 0 and len(seg.steps) and not any(int(e["at"]) == 0 for e in explicit):
             start = int(seg.header.get("start_epoch", 0))
             out.append(Resume(fi, si, base, start, 0, False))
         base += len(seg.steps)

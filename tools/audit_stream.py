@@ -13,6 +13,7 @@ __all__ = ["effective_order", "events_check", "identity_check", "resume_check", 
 
 # Header keys that must not change between segments of one run: they define the order.
 _ORDER_KEYS = ("fingerprint", "seed", "order", "num_samples", "global_batch", "drop_last", "kind")
+_REQUIRED = ("fingerprint", "seed", "num_samples", "global_batch", "world_size", "rank")
 _SHOWN = ("dataset", "kind", "fingerprint", "num_samples", "seed", "order", "global_batch",
           "world_size", "drop_last", "num_workers", "worker_mode", "mode")
 
@@ -24,6 +25,7 @@ def identity_check(run: Run) -> Check:
         return Check("identity", "fail", "no readable header in any ledger file",
                      {"files": [led.path for led in run.ledgers]})
     first = heads[0]
+    missing = sorted({k for h in heads for k in _REQUIRED if k not in h})
     changed = {k: sorted({_plain(h.get(k)) for h in heads}) for k in _ORDER_KEYS
                if len({_plain(h.get(k)) for h in heads}) > 1}
     details: dict[str, Any] = {k: first.get(k) for k in _SHOWN}
@@ -37,6 +39,10 @@ def identity_check(run: Run) -> Check:
                f"samples {first.get('num_samples')} batch {first.get('global_batch')} "
                f"world {','.join(map(str, details['world_sizes']))} "
                f"({len(run.ledgers)} file(s), {len(heads)} segment(s))")
+    if missing:
+        details["missing_keys"] = missing
+        return Check("identity", "fail", f"headers lack {missing}: the run cannot be replayed; "
+                     + summary, details)
     if changed:
         return Check("identity", "fail", f"segments disagree on {sorted(changed)}; " + summary,
                      details)

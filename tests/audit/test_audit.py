@@ -302,3 +302,19 @@ def test_steps_recorded_twice_without_a_resume(tmp_path: Path, dataset, kit) -> 
     ep0 = report.check("coverage").details["epochs"][0]
     assert ep0["duplicate_steps"] == [3, 4, 5] and ep0["status"] == "fail"
     assert report.check("replay").status == "pass"  # each step alone is what the order says
+
+
+def test_minimal_or_empty_segments_do_not_break_the_audit(tmp_path: Path, dataset, kit) -> None:
+    m, loc = dataset
+    head = kit.header(m, loc)
+    path = kit.write_run(tmp_path / "a.ledger", m, loc, epochs=1)
+    LedgerWriter(path, head).close()  # a restart that crashed before its first step
+    report = audit(path)
+    assert report.reproducible and report.check("resumes").details["resumes"] == []
+    with LedgerWriter(tmp_path / "bare.ledger", {"seed": 1}) as w:
+        w.step(0, 0, 0, np.arange(4), 0.0, 0.01)
+    bare = audit(tmp_path / "bare.ledger")
+    assert bare.check("identity").status == "fail"
+    assert "num_samples" in bare.check("identity").details["missing_keys"]
+    (tmp_path / "cut.ledger").write_bytes(b"STOK")  # killed while writing the magic
+    assert audit(tmp_path / "cut.ledger").check("stream").status == "warn"
