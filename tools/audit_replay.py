@@ -117,7 +117,8 @@ class Replayer:
                              f"{plan.steps_per_epoch} steps")
         start, end = plan.window(first)[0], plan.window(stop - 1)[1]
         ids = self._order(header, epoch).rank_ids(start, end, rank, plan.world_size)
-        bounds = [plan.samples_before(s) - plan.samples_before(first) for s in range(first, stop + 1)]
+        base = plan.samples_before(first)
+        bounds = [plan.samples_before(s) - base for s in range(first, stop + 1)]
         return [ids[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
