@@ -10,9 +10,9 @@ Effective stream: a resume (the ``"resume"`` event, or a new segment that record
 without one: a fresh start at ``(start_epoch, 0)``) rolls a file back to the resumed position,
 exactly as the training state was rolled back; the steps recorded after that position before
 the resume were recomputed, so they are not part of the data the final model saw. They are
-kept out of coverage and comparison (``effective`` is False) but still replayed. Rollback is applied per file; with an elastic resume to another
-world size (other files), steps the old world recorded past the resume point show up as
-duplicates.
+kept out of coverage and comparison (``effective`` is False) but still replayed. Rollback is
+applied per file; with an elastic resume to another world size (other files), steps the old
+world recorded past the resume point show up as duplicates.
 """
 
 from __future__ import annotations
