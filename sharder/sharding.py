@@ -45,7 +45,9 @@ def shard(src: Source | Sequence[Source], dst: Source, *, rows_per_shard: int | 
         shard_size: uncompressed bytes per shard (``"256MB"``), the default when neither is given.
         compression: ``"none"`` or ``"zstd"`` (Arrow IPC buffer compression).
         columns: columns to keep, in this order.
-        workers: processes writing shards (1 runs in this process).
+        workers: processes writing shards (1 runs in this process). Workers start with
+            ``forkserver`` (``spawn`` where missing), which imports ``__main__``: a script
+            calling ``shard(workers=N)`` needs the ``if __name__ == "__main__":`` guard.
         overwrite: replace an existing dataset or non-empty directory at ``dst``.
         format: ``"parquet"``, ``"csv"`` or ``"jsonl"``; detected from extensions if omitted.
         progress: show a progress bar on stderr; ``None`` shows one when stderr is a terminal.

@@ -67,3 +67,12 @@ def test_shard_size_converts_bytes_to_rows(parquet_dir: Path, tmp_path: Path,
     assert m.provenance["options"] == {"batch_bytes": 4 << 20, "columns": None,
                                        "compression": "none", "format": "parquet",
                                        "rows_per_shard": per_shard}
+
+
+def test_progress_bar_goes_to_stderr_only_when_asked(parquet_dir: Path, tmp_path: Path,
+                                                     capsys) -> None:
+    shard(parquet_dir, tmp_path / "quiet", rows_per_shard=10000, progress=False)
+    assert capsys.readouterr() == ("", "")
+    shard(parquet_dir, tmp_path / "loud", rows_per_shard=10000, progress=True)
+    out, err = capsys.readouterr()
+    assert out == "" and "shard:" in err and "/21.0k" in err and "rows/s" in err
