@@ -61,7 +61,9 @@ def check_destination(dst: Path, overwrite: bool) -> str:
 
 
 def _temp_names(names: set[str]) -> set[str]:
-    return {n for n in names if n.endswith(TEMP_SUFFIX)}
+    """Our temp files, and those of ``Manifest.save`` (``.manifest.*.tmp``)."""
+    return {n for n in names if n.endswith(TEMP_SUFFIX)
+            or (n.startswith(".manifest.") and n.endswith(".tmp"))}
 
 
 def clear_directory(path: Path) -> None:

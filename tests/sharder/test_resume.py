@@ -46,6 +46,9 @@ def test_failed_run_resumes_and_skips_verified_shards(tmp_path: Path, monkeypatc
     assert sorted(before) == [f"{i:05d}.arrow" for i in range(4)]
     # A damaged finished shard is rewritten, the intact ones are kept as they are.
     (dst / "shards/00001.arrow").write_bytes(b"damaged")
+    # Temp files of killed writers (ours and Manifest.save's) do not block the resume.
+    (dst / "shards/.00004.arrow.1234abcd.stoker-tmp").write_bytes(b"partial")
+    (dst / ".manifest.x1y2.tmp").write_bytes(b"{")
     time.sleep(0.01)
     shard(src, dst, rows_per_shard=1000)
     after = _mtimes(dst)
