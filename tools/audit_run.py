@@ -11,8 +11,8 @@ without one: a fresh start at ``(start_epoch, 0)``) rolls a file back to the res
 exactly as the training state was rolled back; the steps recorded after that position before
 the resume were recomputed, so they are not part of the data the final model saw. They are
 kept out of coverage and comparison (``effective`` is False) but still replayed. Rollback is
-applied per file; with an elastic resume to another world size (other files), steps the old
-world recorded past the resume point show up as duplicates.
+applied per file, and for an elastic resume (another world size, so other files) also to the
+older world's segments that started before the resuming one (segment start times, UTC).
 """
 
 from __future__ import annotations
@@ -134,7 +134,32 @@ def load_run(path: str | os.PathLike[str]) -> Run:
     run = Run(str(path), ledgers, records, ids)
     for fi in range(len(ledgers)):
         run.resumes += _apply_resumes(run, fi)
+    for r in run.resumes:
+        _roll_back_older_world(run, r)
     return run
+
+
+def _roll_back_older_world(run: Run, r: Resume) -> None:
+    """An elastic resume also rolls back what an older world size recorded in other files.
+
+    Segments of other files written under another world size that started before the resuming
+    segment belong to the run being resumed; their steps at or after the resume point were
+    recomputed by the new world. (Same-size worlds resume every rank in its own file.)
+    """
+    head = run.segment_header(r.file, r.seg)
+    world, started = int(head.get("world_size", 1)), str(head.get("start_time", ""))
+    recs = run.records
+    older = np.zeros(len(recs), dtype=bool)
+    for fi, led in enumerate(run.ledgers):
+        for si, seg in enumerate(led.segments):
+            h = seg.header
+            if fi != r.file and int(h.get("world_size", 1)) != world \
+                    and str(h.get("start_time", "")) < started:
+                older |= (recs["file"] == fi) & (recs["seg"] == si)
+    back = older & recs["effective"] & (pos_key(recs["epoch"], recs["step"])
+                                        >= pos_key(r.epoch, r.step))
+    recs["effective"][back] = False
+    r.rolled_back += int(back.sum())
 
 
 def _file_table(fi: int, led: Ledger) -> tuple[np.ndarray, np.ndarray | None]:
