@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from stoker.loader.ledger import Ledger, read_ledger
+from stoker.loader.ledger import Ledger, LedgerError, read_ledger
 from stoker.loader.schedule import BatchPlan
 from stoker.tools.cli import UsageError
 
@@ -124,7 +124,10 @@ def resolve_files(path: str | os.PathLike[str]) -> list[Path]:
 
 def load_run(path: str | os.PathLike[str]) -> Run:
     """Read every ledger of the run at ``path`` and build its record table."""
-    ledgers = [read_ledger(f) for f in resolve_files(path)]
+    try:
+        ledgers = [read_ledger(f) for f in resolve_files(path)]
+    except LedgerError as exc:  # not a ledger at all: the user pointed at the wrong file
+        raise UsageError(str(exc)) from None
     tables, ids = [], []
     for fi, led in enumerate(ledgers):
         table, file_ids = _file_table(fi, led)

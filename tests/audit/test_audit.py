@@ -237,6 +237,9 @@ def test_bad_usage_exits_2(tmp_path: Path, capsys) -> None:
     assert main(["audit", str(tmp_path / "missing.ledger")]) == 2
     assert "no ledger found" in capsys.readouterr().err
     assert main(["audit"]) == 2
+    (tmp_path / "notes.ledger").write_text("not a ledger")
+    assert main(["audit", str(tmp_path / "notes.ledger")]) == 2
+    assert "not a stoker ledger" in capsys.readouterr().err
 
 
 def test_reports_never_contain_credentials(tmp_path: Path, dataset, kit) -> None:
