@@ -76,7 +76,8 @@ def _epoch(run: Run, epoch: int, rows: np.ndarray, match: np.ndarray | None) -> 
             problems.append(f"{bad} step(s) differ from the replay")
     else:
         out["method"] = "steps only"
-    state = "complete" if complete else f"partial ({int(covered.sum())}/{spe} steps)"
+    share = f"({int(covered.sum())}/{spe} steps)"
+    state = "complete" if complete else f"partial {share}" if contiguous else f"incomplete {share}"
     if problems:
         out["status"], out["verdict"] = "fail", f"{state}: " + ", ".join(problems)
     elif out["method"] == "steps only":
