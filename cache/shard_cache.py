@@ -461,11 +461,12 @@ class ShardCache:
             raise CacheError(f"shard {i}: no in-flight room to materialise.")
         return path
 
-    def _inflight(self) -> int:
+    def _inflight(self, exclude: int | None = None) -> int:
+        """Bytes reserved by temp files of every process (except those of shard ``exclude``)."""
         total = 0
         for entry in os.scandir(self._layout.tmp):
             info = Layout.temp_info(entry.name)
-            if info is not None:
+            if info is not None and info[0] != exclude:
                 total += info[1]
         return total
 
@@ -510,6 +511,10 @@ class ShardCache:
             return True
         files = self._committed()
         used = sum(size for _, size, _ in files)
+        if prefetch:
+            # Other shards in flight will be committed soon and most are needed sooner (they
+            # were claimed earlier): count them, so a prefetch never takes their room.
+            used += self._inflight(exclude=i)
         if used + need <= self._limit:
             return True
         for idx, size, path in self._victims(i, files, prefetch):
