@@ -42,9 +42,15 @@ class LocalExecutor:
         if self.workers == 1 or len(tasks) <= 1:
             yield from (fn(t) for t in tasks)
             return
-        method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-        pool = cf.ProcessPoolExecutor(min(self.workers, len(tasks)),
-                                      mp_context=mp.get_context(method))
+        if "forkserver" in mp.get_all_start_methods():
+            context = mp.get_context("forkserver")
+            if fn.__module__ != "__main__":
+                # Import the task's module (pyarrow with it) once in the fork server, not
+                # in every worker; ignored when the server already runs.
+                context.set_forkserver_preload([fn.__module__])
+        else:
+            context = mp.get_context("spawn")
+        pool = cf.ProcessPoolExecutor(min(self.workers, len(tasks)), mp_context=context)
         try:
             futures = [pool.submit(fn, t) for t in tasks]
             for future in cf.as_completed(futures):
