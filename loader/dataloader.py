@@ -146,6 +146,7 @@ class DataLoader:
         self._ledger = None
         self._ledger_path = ledger
         self._ledger_ids = ledger_ids
+        self._resumed_from: dict[str, Any] | None = None
         self._task = _BatchTask(self._source, self._collate, transform)
 
     # -- construction helpers --------------------------------------------------------------
@@ -237,7 +238,8 @@ class DataLoader:
                              f"({len(self)} steps); the state does not belong to this loader.")
         if self._ledger is not None:
             self._ledger.event("resume", state=saved.to_dict())
-        self._resumed_from = saved.to_dict()
+        else:  # written when the ledger opens, at the next iteration
+            self._resumed_from = saved.to_dict()
 
     # -- internals ---------------------------------------------------------------------------
     def _batches_from_sampler(self) -> Sequence[Any]:
@@ -276,9 +278,9 @@ class DataLoader:
         if self._source.kind == "torch":
             header["dataset_len"] = self._plan.num_samples
         self._ledger = LedgerWriter(self._ledger_path, header, ids=self._ledger_ids)
-        resumed = getattr(self, "_resumed_from", None)
-        if resumed is not None:
-            self._ledger.event("resume", state=resumed)
+        if self._resumed_from is not None:
+            self._ledger.event("resume", state=self._resumed_from)
+            self._resumed_from = None
         return self._ledger
 
     def close(self) -> None:
