@@ -138,15 +138,23 @@ def throughput(manifest: Manifest, opts: dict[str, Any], work: Path, order: list
 
     fs = s3fs.S3FileSystem(**opts)
     results: dict[str, list[float]] = {k: [] for k in
-                                       ("s3fs cat_file, no cache", "cold, no prefetch",
-                                        "cold, prefetch 2", "warm restart")}
+                                       ("s3fs cat_file, no cache", "s3fs get_file to disk",
+                                        "cold, no prefetch", "cold, prefetch 2", "warm restart")}
 
     def direct() -> int:
         return sum(len(fs.cat_file(manifest.shard_location(s).removeprefix("s3://")))
                    for s in order)
 
+    def naive() -> int:  # what a cache without verify/budget/locks would do
+        (work / "naive").mkdir(exist_ok=True)
+        for s in order:
+            fs.get_file(manifest.shard_location(s).removeprefix("s3://"), str(work / "naive" / str(s)))
+        return 0
+
     for _ in range(repeats):
         results["s3fs cat_file, no cache"].append(timed(direct)[0])
+        shutil.rmtree(work / "naive", ignore_errors=True)
+        results["s3fs get_file to disk"].append(timed(naive)[0])
         for name, workers in (("cold, no prefetch", 0), ("cold, prefetch 2", 2)):
             shutil.rmtree(work / "cache", ignore_errors=True)
             with ShardCache(manifest, work / "cache", storage_options=opts,

@@ -14,6 +14,8 @@ import os
 import threading
 from typing import BinaryIO, Protocol
 
+import xxhash
+
 from stoker.cache.errors import CacheError, RemoteFetchError
 from stoker.cache.retry import RetryPolicy
 from stoker.cache.stats import _Counters
@@ -59,14 +61,15 @@ class Job:
         etag: validator of the object the written bytes came from, or ``None``.
     """
 
-    __slots__ = ("_counters", "_stop", "etag", "file", "offset", "received", "shard", "shown",
-                 "size", "url")
+    __slots__ = ("_counters", "_stop", "etag", "file", "hasher", "offset", "received", "shard",
+                 "shown", "size", "url")
 
     def __init__(self, url: str, shown: str, shard: str, size: int, file: BinaryIO,
                  counters: _Counters, stop: threading.Event | None = None) -> None:
         self.url, self.shown, self.shard, self.size, self.file = url, shown, shard, size, file
         self._counters = counters
         self._stop = stop
+        self.hasher = xxhash.xxh3_128()  # of the bytes in ``file``, so nothing is re-read
         self.offset = 0
         self.received = 0
         self.etag: str | None = None
@@ -81,6 +84,7 @@ class Job:
             raise CacheError(f"shard {self.shard!r}: cannot write the download to local disk "
                              f"({type(exc).__name__}: {exc.strerror}). Free space or choose "
                              "another cache_dir.") from None
+        self.hasher.update(data)
         self.offset += len(data)
         self.received += len(data)
         self._counters.add("bytes_fetched", len(data))
@@ -90,6 +94,7 @@ class Job:
         log.info("shard %s: restarting download from byte 0 (%s)", self.shard, reason)
         self.file.seek(0)
         self.file.truncate()
+        self.hasher.reset()
         self.offset = 0
         self.etag = None
         self._counters.add("restarts")

@@ -373,8 +373,8 @@ class ShardCache:
                 download(self._fetcher, job, self._policy, self._counters, self._closed)
         except Mismatch as exc:
             return str(exc)
-        digest, size = hash_file(part)
-        if size != shard.bytes:
+        digest, size = job.hasher.hexdigest(), job.offset
+        if size != shard.bytes or os.path.getsize(part) != size:
             return f"got {size} bytes, the manifest says {shard.bytes}"
         if digest != shard.xxh3_128:
             return f"xxh3-128 is {digest}, the manifest says {shard.xxh3_128}"
