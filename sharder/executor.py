@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing as mp
+import os
 from typing import Callable, Iterable, Iterator, Protocol, TypeVar
 
 from stoker.sharder.errors import ShardOptionsError
@@ -50,10 +51,22 @@ class LocalExecutor:
                 context.set_forkserver_preload([fn.__module__])
         else:
             context = mp.get_context("spawn")
-        pool = cf.ProcessPoolExecutor(min(self.workers, len(tasks)), mp_context=context)
+        workers = min(self.workers, len(tasks))
+        # Split the cores between the workers: N processes that each run a full-size Arrow
+        # thread pool oversubscribe the machine.
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        pool = cf.ProcessPoolExecutor(workers, mp_context=context, initializer=_set_threads,
+                                      initargs=(threads,))
         try:
             futures = [pool.submit(fn, t) for t in tasks]
             for future in cf.as_completed(futures):
                 yield future.result()
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _set_threads(threads: int) -> None:
+    """Worker initializer: size Arrow's CPU thread pool."""
+    import pyarrow
+
+    pyarrow.set_cpu_count(threads)

@@ -12,11 +12,13 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("shard", help="convert a dataset into deterministic Arrow IPC shards",
+                       usage="stoker shard SRC [SRC ...] DST [options]",
                        description="Convert Parquet (file, directory, glob, hive partitions), CSV "
                        "or JSONL (.zst too) into Arrow IPC shards plus manifest.json. The output "
                        "is byte-identical for any --workers; an interrupted run resumes.")
-    p.add_argument("paths", nargs="+", metavar="SRC... DST",
-                   help="one or more sources (files, directories, quoted globs), then DST")
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="one or more sources (files, directories, quoted globs), then DST; "
+                   "put options after DST")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--shard-size", metavar="SIZE",
                       help="uncompressed bytes per shard, e.g. 256MB or 64MiB (default 256MB)")
