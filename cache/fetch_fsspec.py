@@ -1,11 +1,11 @@
 """Downloads through fsspec (``s3://``, ``gs://``, ...) and plain local copies.
 
-Reads go through ``fs.open(..., cache_type="none")`` in fixed chunks from the resume offset,
-so an interrupted download continues where it stopped. s3fs pins the object's ETag at open
-(``IfMatch``) and raises ``FileExpired`` if it changes mid-read; a new ETag on a later attempt
-also restarts from zero. fsspec does not report whether a ranged read was honoured, so a
-chunk longer than asked for (a server ignoring ``Range``) throws the partial file away and
-takes the whole object in one read instead of splicing it.
+S3 (s3fs) gets its own checked ranged GETs (:func:`_read_s3`). Other protocols read through
+``fs.open(..., cache_type="none")`` in fixed chunks from the resume offset, so an interrupted
+download continues where it stopped; a new ETag on a later attempt restarts from zero.
+fsspec does not report whether a ranged read was honoured, so a chunk longer than asked for
+(a server ignoring ``Range``) throws the partial file away and takes the whole object in one
+read instead of splicing it.
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ class FsspecFetcher:
     def attempt(self, job: Job) -> None:
         try:
             fs, path = self._filesystem(job.url)
+            if hasattr(fs, "_call_s3") and hasattr(fs, "split_path"):
+                _read_s3(job, fs, path)
+                return
             with fs.open(path, "rb", block_size=_CHUNK, cache_type="none") as f:
                 self._read(job, fs, path, f)
         except (Fatal, Mismatch, Transient, CacheError):
@@ -55,7 +58,9 @@ class FsspecFetcher:
         except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
             raise Fatal(f"{type(exc).__name__} from the storage backend") from None
         except OSError as exc:
-            if exc.errno == errno.EBUSY or type(exc).__name__ == "FileExpired":
+            changed = exc.errno == errno.EBUSY or type(exc).__name__ == "FileExpired" or (
+                exc.errno == errno.EINVAL and "condition" in str(exc).lower())  # 412 on IfMatch
+            if changed:
                 job.restart("object changed mid-download (ETag)")
                 raise Transient("object changed mid-download") from None
             raise Transient(f"storage error {type(exc).__name__}") from None
@@ -87,6 +92,67 @@ class FsspecFetcher:
             if not data:
                 raise Transient(f"read ended after byte {job.offset} of {job.size}")
             job.write(data)
+
+
+def _read_s3(job: Job, fs: Any, path: str) -> None:
+    """S3 through s3fs's client: ranged GETs whose answers are checked, no HEAD first.
+
+    Every response's ``Content-Range`` must start at the resume offset and report the
+    manifest's size, so an ignored ``Range`` cannot be mistaken for a range; the first
+    response's ETag is sent as ``IfMatch`` with every later range (and compared), so an object
+    replaced mid-download restarts from zero instead of being spliced.
+    """
+    from fsspec.asyn import sync
+
+    bucket, key, version = fs.split_path(path)
+    while job.offset < job.size:
+        start, end = job.offset, min(job.size, job.offset + _CHUNK)
+        body, etag, content_range = sync(fs.loop, _get_range, fs, bucket, key, version, start,
+                                         end, job.etag)
+        first, total = _parse_content_range(content_range)
+        if total is not None and total != job.size:
+            raise Mismatch(f"the stored object has {total} bytes, the manifest says {job.size}")
+        if first is None and len(body) != end - start:  # no Content-Range: Range was ignored
+            job.restart("storage ignored the Range request")
+            if len(body) != job.size:
+                raise Mismatch(f"the stored object has {len(body)} bytes, "
+                               f"the manifest says {job.size}")
+            job.etag = etag
+            job.write(body)
+            return
+        if first not in (None, start):
+            raise Transient(f"storage sent bytes from {first}, asked for {start}")
+        if job.etag and etag and etag != job.etag:
+            job.restart("object changed mid-download (ETag)")
+            raise Transient("object changed mid-download")
+        if not body:
+            raise Transient(f"read ended after byte {job.offset} of {job.size}")
+        job.etag = job.etag or etag
+        job.write(body[: end - start])
+
+
+async def _get_range(fs: Any, bucket: str, key: str, version: str | None, start: int, end: int,
+                     etag: str | None) -> tuple[bytes, str | None, str | None]:
+    kw: dict[str, Any] = {"Range": f"bytes={start}-{end - 1}"}
+    if etag:
+        kw["IfMatch"] = etag
+    if version:
+        kw["VersionId"] = version
+    resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, **kw)
+    try:
+        body = await resp["Body"].read()
+    finally:
+        resp["Body"].close()
+    return body, resp.get("ETag"), resp.get("ContentRange")
+
+
+def _parse_content_range(value: str | None) -> tuple[int | None, int | None]:
+    """``bytes START-END/TOTAL`` -> (START, TOTAL); (None, None) when absent or unparseable."""
+    try:
+        span, _, total = (value or "").removeprefix("bytes ").partition("/")
+        return int(span.split("-")[0]), (None if total in ("", "*") else int(total))
+    except ValueError:
+        return None, None
 
 
 class LocalFetcher:

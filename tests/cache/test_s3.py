@@ -68,3 +68,21 @@ def test_corrupt_object_is_an_integrity_error(dataset, s3, tmp_path: Path) -> No
         with pytest.raises(ShardIntegrityError, match=r"shard 0 .*failed verification twice"):
             cache.path(0)
         assert cache.stats().quarantines == 2
+
+
+def test_resume_against_a_replaced_object_restarts_from_zero(dataset, s3, tmp_path: Path) -> None:
+    from stoker.cache.fetch import Job, download
+    from stoker.cache.fetch_fsspec import FsspecFetcher
+    from stoker.cache.stats import _Counters
+
+    root, manifest = dataset(n_shards=1)
+    url = _upload(s3, root) + "/shards/00000.arrow"
+    good = (root / manifest.shards[0].path).read_bytes()
+    counters = _Counters()
+    with open(tmp_path / "part", "wb") as f:
+        job = Job(url, url, "shards/00000.arrow", len(good), f, counters)
+        job.write(b"\0" * 100)  # bytes of an older version of the object, from an earlier try
+        job.etag = '"0123456789abcdef0123456789abcdef"'
+        download(FsspecFetcher(s3.storage_options()), job, FAST, counters)
+    assert (tmp_path / "part").read_bytes() == good  # IfMatch failed (412): no splice
+    assert counters.snapshot().restarts == 1 and counters.snapshot().retries == 1
