@@ -23,6 +23,7 @@ import torch
 from stoker.loader.convert import stack_features, table_to_batch
 from stoker.loader.errors import WorkerError
 from stoker.loader.fastpath import FastPlan, NotZeroCopy, ShardData
+from stoker.loader.images import ImageOptions, decode_into
 from stoker.loader.ring import BufferRing
 from stoker.manifest import Manifest, ManifestError, redact_url
 
@@ -48,6 +49,7 @@ class ArrowSource:
         fast: use the Numba fast path where the shards allow it (``False``: always pyarrow).
         ring_depth: batch buffers kept for reuse by the fast path (see stoker.loader.ring).
         pin: allocate those buffers in page-locked memory (needs CUDA).
+        image: decode (and augment) this binary column into ``[B, H, W, 3]`` images.
     """
 
     kind = "stoker"
@@ -55,7 +57,8 @@ class ArrowSource:
     def __init__(self, manifest: Manifest, *, columns: Sequence[str] | None = None,
                  features: Sequence[str] | None = None, opener: ShardOpener | None = None,
                  max_open: int = 256, categoricals: Sequence[str] | None = None,
-                 fast: bool = True, ring_depth: int = 8, pin: bool = False) -> None:
+                 fast: bool = True, ring_depth: int = 8, pin: bool = False,
+                 image: ImageOptions | None = None) -> None:
         names = manifest.arrow_schema.names
         for what, given in (("columns", columns), ("features", features),
                             ("categoricals", categoricals)):
@@ -77,7 +80,18 @@ class ArrowSource:
         self.columns = list(dict.fromkeys(wanted + self.features + self.categoricals))
         schema = manifest.arrow_schema
         self._check_categoricals(schema)
-        self._plan = FastPlan(schema, self.columns, self.features, self.categoricals) \
+        self.image = image
+        if image is not None:
+            if image.column not in names:
+                raise ManifestError(f"image column {image.column!r} is not in this dataset; "
+                                    f"its columns are {names}.")
+            t = schema.field(image.column).type
+            if not (pa.types.is_binary(t) or pa.types.is_large_binary(t)):
+                raise ValueError(f"ImageOptions.column={image.column!r} is {t}; it must be a "
+                                 "binary column of encoded JPEG/PNG images.")
+            if image.column not in self.columns:
+                self.columns.append(image.column)
+        self._plan = FastPlan(schema, self.columns, self.features, self.categoricals, image) \
             if fast and FastPlan.supports(schema, self.features, self.categoricals) else None
         self._ring = BufferRing(ring_depth, pin)
         self._data: dict[int, ShardData | None] = {}
@@ -200,9 +214,10 @@ class ArrowSource:
             table = table.take(pa.array(inverse))
         return table
 
-    def fetch(self, ids: np.ndarray) -> dict[str, Any]:
-        """The batch dict for ``ids``: ``features`` and ``categoricals`` stacked, other columns
-        converted (see stoker.loader.convert for the rules)."""
+    def fetch(self, ids: np.ndarray, epoch: int = 0, seed: int = 0) -> dict[str, Any]:
+        """The batch dict for ``ids``: ``features`` and ``categoricals`` stacked, images
+        decoded (augmented from ``(seed, epoch, id)``), other columns converted (see
+        stoker.loader.convert for the rules)."""
         ids = np.asarray(ids, dtype=np.int64)
         if self._plan is not None and len(ids):
             try:
@@ -213,22 +228,40 @@ class ArrowSource:
                 slot = self._ring.acquire()
                 try:
                     return self._plan.run(groups, len(ids), slot,
-                                          lambda cols: table_to_batch(self.take(ids, cols)))
+                                          lambda cols: table_to_batch(self.take(ids, cols)),
+                                          (ids, self.fingerprint, seed, epoch))
                 finally:
                     self._ring.release(slot)
-        return self._fetch_arrow(ids)
+        return self._fetch_arrow(ids, epoch, seed)
 
-    def _fetch_arrow(self, ids: np.ndarray) -> dict[str, Any]:
+    def _fetch_arrow(self, ids: np.ndarray, epoch: int, seed: int) -> dict[str, Any]:
         table = self.take(ids)
         batch: dict[str, Any] = {}
+        if self.image is not None:
+            images = self._images_arrow(table.column(self.image.column), ids, epoch, seed)
         if self.features:
             batch["features"] = stack_features(table, self.features)
             table = table.drop_columns(self.features)
         if self.categoricals:
             batch["categoricals"] = _stack_ints(table, self.categoricals)
             table = table.drop_columns(self.categoricals)
-        batch.update(table_to_batch(table))
+        converted = table_to_batch(table)
+        if self.image is not None:
+            converted[self.image.column] = images
+        batch.update(converted)
         return batch
+
+    def _images_arrow(self, column: pa.ChunkedArray, ids: np.ndarray, epoch: int,
+                      seed: int) -> torch.Tensor:
+        """Decode a taken binary column (the pyarrow path's image output)."""
+        opts = self.image
+        assert opts is not None  # noqa: S101
+        blobs = [b or b"" for b in column.to_pylist()]
+        offsets = np.concatenate([[0], np.cumsum([len(b) for b in blobs])]).astype(np.int64)
+        data = np.frombuffer(b"".join(blobs), dtype=np.uint8)
+        out = np.empty((len(ids), *opts.size, 3), dtype=opts.dtype)
+        decode_into(opts, offsets, data, ids, out, self.fingerprint, seed, epoch)
+        return torch.from_numpy(out)
 
     def close(self) -> None:
         """Release every open shard (and its cache pin); idempotent."""

@@ -22,6 +22,7 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 
 from stoker.loader.arrow_source import ArrowSource
 from stoker.loader.errors import StateError
+from stoker.loader.images import ImageOptions
 from stoker.loader.order import EpochOrder, OrderOptions
 from stoker.loader.schedule import BatchPlan, rank_batch_ids
 from stoker.loader.seed import resolve_seed, resolve_world
@@ -44,6 +45,7 @@ class DataLoader:
         features: numeric columns stacked into ``batch["features"]``, float32 ``[B, K]``.
         categoricals: integer or dictionary columns stacked into ``batch["categoricals"]``,
             int64 ``[B, C]`` (nulls -> 0).
+        image: ``ImageOptions``: decode (and augment) a binary column into ``[B, H, W, 3]``.
         transform: a function applied to each whole batch inside the workers.
         rank, world_size: default from torch.distributed or RANK / WORLD_SIZE.
         partitions, block_size, partition_mode: order options (see ``OrderOptions``).
@@ -91,6 +93,7 @@ class DataLoader:
         ledger: str | os.PathLike[str] | None = None,
         ledger_ids: bool = False,
         categoricals: Sequence[str] | None = None,
+        image: ImageOptions | None = None,
     ) -> None:
         _check_torch_args(batch_size, shuffle, sampler, batch_sampler, drop_last, num_workers,
                           timeout, prefetch_factor, persistent_workers)
@@ -110,6 +113,7 @@ class DataLoader:
         self.rank, self.world_size = resolve_world(rank, world_size)
         self._cache = None
         self._categoricals = categoricals
+        self._image = image
         self._source = self._make_source(dataset, columns, features, collate_fn, batch_size,
                                          cache_dir, cache_limit, storage_options, partitions)
         self.sampler = sampler
@@ -171,7 +175,8 @@ class DataLoader:
             # live window (about two shards per owned partition) so the budget can hold it.
             max_open = 256 if opener is None else 2 * (partitions or 16) + self.num_workers + 2
             source = ArrowSource(manifest, columns=columns, features=features, opener=opener,
-                                 max_open=max_open, categoricals=self._categoricals)
+                                 max_open=max_open, categoricals=self._categoricals,
+                                 image=self._image)
             self._collate = collate_fn
             return source
         if isinstance(dataset, IterableDataset):
@@ -181,8 +186,10 @@ class DataLoader:
             raise TypeError(f"dataset must be a stoker dataset path/URL, a Manifest or a map-style "
                             f"torch Dataset with __len__ and __getitem__; got {type(dataset).__name__}")
         self.location = f"<{type(dataset).__name__}>"
-        if columns is not None or features is not None or self._categoricals is not None:
-            raise ValueError("columns=, features= and categoricals= apply to stoker datasets only")
+        if columns is not None or features is not None or self._categoricals is not None \
+                or self._image is not None:
+            raise ValueError("columns=, features=, categoricals= and image= apply to stoker "
+                             "datasets only")
         self._collate = None
         collate = collate_fn or (default_collate if batch_size is not None else default_convert)
         return TorchSource(dataset, collate, batched=batch_size is not None)
@@ -315,8 +322,10 @@ class _BatchTask:
                  transform: Callable[[Any], Any] | None) -> None:
         self.source, self.collate, self.transform = source, collate, transform
 
-    def __call__(self, ids: np.ndarray) -> Any:
-        batch = self.source.fetch(ids)
+    def __call__(self, payload: tuple[np.ndarray, int, int]) -> Any:
+        ids, epoch, seed = payload  # epoch and seed key the per-sample image augmentation
+        batch = self.source.fetch(ids, epoch, seed) if isinstance(self.source, ArrowSource) \
+            else self.source.fetch(ids)
         if self.collate is not None:
             batch = self.collate(batch)
         if self.transform is not None:
@@ -375,7 +384,7 @@ class _Iter:
             task = self._next_task()
             if task is None:
                 return
-            self._pool.submit((self._gen, task[0]), task[1])
+            self._pool.submit((self._gen, task[0]), (task[1], self._epoch, self._loader.seed))
             self._pending.append(task)
 
     def __iter__(self) -> "_Iter":
@@ -391,7 +400,7 @@ class _Iter:
             if task is None:
                 return self._finish()
             step, ids = task
-            batch = loader._task(ids)
+            batch = loader._task((ids, self._epoch, loader.seed))
         else:
             self._fill()
             if not self._pending:

@@ -24,6 +24,7 @@ import pyarrow as pa
 import torch
 
 from stoker.loader import kernels as k
+from stoker.loader.images import ImageOptions, decode_into
 from stoker.loader.ring import BufferRing, Slot
 
 __all__ = ["FastPlan", "NotZeroCopy", "Output", "ShardData", "physical_code"]
@@ -182,7 +183,8 @@ class FastPlan:
     """
 
     def __init__(self, schema: pa.Schema, columns: Sequence[str], features: Sequence[str],
-                 categoricals: Sequence[str]) -> None:
+                 categoricals: Sequence[str], image: ImageOptions | None = None) -> None:
+        self.image = image
         self.outputs: list[Output] = []
         if features:
             self.outputs.append(Output("features", "matrix", tuple(features), np.dtype(np.float32)))
@@ -194,7 +196,7 @@ class FastPlan:
             if name in grouped:
                 continue
             t = schema.field(name).type
-            kind = _kind(t)
+            kind = "image" if image is not None and name == image.column else _kind(t)
             dtype = _plain_dtype(t) if kind == "fixed" else \
                 _plain_dtype(t.value_type) if kind == "list" else None
             self.outputs.append(Output(name, kind, (name,), dtype))
@@ -228,9 +230,11 @@ class FastPlan:
         return out
 
     def run(self, groups: list[_Group], n: int, slot: Slot,
-            arrow: Callable[[list[str]], dict[str, Any]]) -> dict[str, Any]:
+            arrow: Callable[[list[str]], dict[str, Any]],
+            augment: tuple[np.ndarray, str, int, int] | None = None) -> dict[str, Any]:
         """Fill every output for one batch of ``n`` rows into ``slot``; ``arrow(columns)``
-        converts the columns the kernels do not handle."""
+        converts the columns the kernels do not handle; ``augment`` is (ids, fingerprint,
+        seed, epoch), all that image augmentation depends on."""
         batch: dict[str, Any] = {}
         fallback = arrow(self.arrow_columns) if self.arrow_columns else {}
         for out in self.outputs:
@@ -246,6 +250,8 @@ class FastPlan:
                 batch[out.name] = torch.from_numpy(arr.reshape(n))
             elif out.kind == "list":
                 self._list(out, groups, n, slot, batch)
+            elif out.kind == "image":
+                batch[out.name] = self._image(out, groups, n, slot, augment)
             elif out.kind in ("binary", "string"):
                 batch[out.name] = self._binary(out, groups, n, slot)
             else:
@@ -271,6 +277,18 @@ class FastPlan:
         batch[out.name] = torch.from_numpy(arr)
         if n and not (lengths == width).all():
             batch[f"{out.name}_lengths"] = torch.from_numpy(lengths)
+
+    def _image(self, out: Output, groups: list[_Group], n: int, slot: Slot,
+               augment: tuple[np.ndarray, str, int, int] | None) -> torch.Tensor:
+        opts = self.image
+        assert opts is not None  # noqa: S101 - kind "image" exists only with options
+        ids, fingerprint, seed, epoch = augment if augment is not None else \
+            (np.zeros(n, np.int64), "", 0, 0)
+        lengths = self._lengths(out, groups, n, slot)
+        offsets, data = self.gather_bytes(out.name, groups, lengths, slot)
+        arr = slot.array(out.name, (n, *opts.size, 3), opts.dtype)
+        decode_into(opts, offsets, data, ids, arr, fingerprint, seed, epoch)
+        return torch.from_numpy(arr)
 
     def _binary(self, out: Output, groups: list[_Group], n: int, slot: Slot) -> list[Any]:
         lengths = self._lengths(out, groups, n, slot)

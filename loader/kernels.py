@@ -48,31 +48,68 @@ def _valid(u8: np.ndarray, voff: int, k: int) -> bool:
 
 
 @kernel
-def _put(views, code, off, k, out, d, j):  # type: ignore[no-untyped-def]
-    """out[d, j] = element ``k`` of the buffer at byte ``off`` with physical type ``code``."""
+def _column(src, shift, u8, meta, j, chunk, row, dest, out):  # type: ignore[no-untyped-def]
+    """Column ``j`` from the typed view ``src`` (element = byte offset >> ``shift``).
+
+    Three passes keep the gather loop tiny, so many cache misses are in flight at once (a
+    random row costs one miss per column; the loop's size bounds how many overlap)."""
+    n = chunk.shape[0]
+    idx = np.empty(n, dtype=np.int64)
+    nulls = False
+    for i in range(n):
+        c = chunk[i]
+        idx[i] = (meta[c, j, 2] >> shift) + meta[c, j, 3] + row[i]
+        nulls |= meta[c, j, 1] >= 0
+    for i in range(n):
+        out[dest[i], j] = src[idx[i]]
+    if nulls:
+        for i in range(n):
+            c = chunk[i]
+            v = meta[c, j, 1]
+            k = meta[c, j, 3] + row[i]
+            if v >= 0 and ((u8[v + (k >> 3)] >> (k & 7)) & 1) == 0:
+                out[dest[i], j] = 0
+
+
+@kernel
+def _bool_column(u8, meta, j, chunk, row, dest, out):  # type: ignore[no-untyped-def]
+    for i in range(chunk.shape[0]):
+        c = chunk[i]
+        k = meta[c, j, 3] + row[i]
+        v = meta[c, j, 1]
+        if v < 0 or ((u8[v + (k >> 3)] >> (k & 7)) & 1) == 1:
+            out[dest[i], j] = (u8[meta[c, j, 2] + (k >> 3)] >> (k & 7)) & 1
+        else:
+            out[dest[i], j] = 0
+
+
+@kernel
+def _dispatch(views, code, meta, j, chunk, row, dest, out):  # type: ignore[no-untyped-def]
+    """One column of physical type ``code``: the type switch runs once per column, not per
+    value, so each inner loop is a tight, type-specialised gather."""
     u8, i8, i16, i32, i64, u16, u32, u64, f32, f64 = views
     if code == F32:
-        out[d, j] = f32[(off >> 2) + k]
+        _column(f32, 2, u8, meta, j, chunk, row, dest, out)
     elif code == I64:
-        out[d, j] = i64[(off >> 3) + k]
+        _column(i64, 3, u8, meta, j, chunk, row, dest, out)
     elif code == F64:
-        out[d, j] = f64[(off >> 3) + k]
+        _column(f64, 3, u8, meta, j, chunk, row, dest, out)
     elif code == I32:
-        out[d, j] = i32[(off >> 2) + k]
+        _column(i32, 2, u8, meta, j, chunk, row, dest, out)
     elif code == I16:
-        out[d, j] = i16[(off >> 1) + k]
+        _column(i16, 1, u8, meta, j, chunk, row, dest, out)
     elif code == I8:
-        out[d, j] = i8[off + k]
+        _column(i8, 0, u8, meta, j, chunk, row, dest, out)
     elif code == U8:
-        out[d, j] = u8[off + k]
+        _column(u8, 0, u8, meta, j, chunk, row, dest, out)
     elif code == U16:
-        out[d, j] = u16[(off >> 1) + k]
+        _column(u16, 1, u8, meta, j, chunk, row, dest, out)
     elif code == U32:
-        out[d, j] = u32[(off >> 2) + k]
+        _column(u32, 2, u8, meta, j, chunk, row, dest, out)
     elif code == U64:
-        out[d, j] = u64[(off >> 3) + k]
-    else:  # BOOL, bit-packed
-        out[d, j] = (u8[off + (k >> 3)] >> (k & 7)) & 1
+        _column(u64, 3, u8, meta, j, chunk, row, dest, out)
+    else:
+        _bool_column(u8, meta, j, chunk, row, dest, out)
 
 
 @kernel
@@ -82,19 +119,15 @@ def gather_fixed(views, meta, chunk, row, dest, out):  # type: ignore[no-untyped
     Args:
         views: :func:`arena_views` of the shard.
         meta: int64 ``[chunks, K, 4]``: (type code, validity byte offset or -1, data byte
-            offset, array offset) of column ``j`` in record batch ``c``.
+            offset, array offset) of column ``j`` in record batch ``c``; a column's type code
+            is the same in every record batch (one schema per dataset).
         chunk, row, dest: int64 ``[n]`` row locations and output rows.
         out: ``[B, K]`` output (any numeric dtype).
     """
-    u8 = views[0]
+    if chunk.shape[0] == 0:
+        return
     for j in range(meta.shape[1]):  # column-major: each column's reads walk forwards
-        for i in range(chunk.shape[0]):
-            c = chunk[i]
-            k = meta[c, j, 3] + row[i]
-            if _valid(u8, meta[c, j, 1], k):
-                _put(views, meta[c, j, 0], meta[c, j, 2], k, out, dest[i], j)
-            else:
-                out[dest[i], j] = 0
+        _dispatch(views, meta[0, j, 0], meta, j, chunk, row, dest, out)
 
 
 @kernel
@@ -126,30 +159,69 @@ def var_lengths(views, meta, chunk, row, dest, lengths):  # type: ignore[no-unty
 
 
 @kernel
+def _list_typed(src, shift, is_bool, views, meta, chunk, row, dest, out):  # type: ignore[no-untyped-def]
+    u8 = views[0]
+    n_rows = chunk.shape[0]
+    width = out.shape[1]
+    first = np.empty(n_rows, dtype=np.int64)  # element index of each row's first value
+    count = np.zeros(n_rows, dtype=np.int64)
+    for i in range(n_rows):  # pass 1: offsets (independent misses, overlapped)
+        m = meta[chunk[i]]
+        k = m[3] + row[i]
+        if _valid(u8, m[0], k):
+            a, b = _bounds(views, m, k)
+            first[i] = m[7] + a
+            count[i] = b - a
+    for i in range(n_rows):  # pass 2: values, padding
+        m = meta[chunk[i]]
+        d = dest[i]
+        e0 = first[i]
+        base = m[6] >> shift
+        for t in range(count[i]):
+            e = e0 + t
+            if not _valid(u8, m[5], e):
+                out[d, t] = 0
+            elif is_bool:
+                out[d, t] = (u8[m[6] + (e >> 3)] >> (e & 7)) & 1
+            else:
+                out[d, t] = src[base + e]
+        for t in range(count[i], width):
+            out[d, t] = 0
+
+
+@kernel
 def gather_list(views, meta, chunk, row, dest, out):  # type: ignore[no-untyped-def]
     """List values -> padded ``out[dest[i], :]`` (padding and null values -> 0).
 
     ``meta`` is int64 ``[chunks, 8]``: the four :func:`var_lengths` fields, then the child's
     (type code, validity byte offset or -1, data byte offset, array offset).
     """
-    u8 = views[0]
-    width = out.shape[1]
-    for i in range(chunk.shape[0]):
-        m = meta[chunk[i]]
-        k = m[3] + row[i]
-        n = 0
-        d = dest[i]
-        if _valid(u8, m[0], k):
-            a, b = _bounds(views, m, k)
-            n = b - a
-            for t in range(n):
-                e = m[7] + a + t
-                if _valid(u8, m[5], e):
-                    _put(views, m[4], m[6], e, out, d, t)
-                else:
-                    out[d, t] = 0
-        for t in range(n, width):
-            out[d, t] = 0
+    if chunk.shape[0] == 0:
+        return
+    u8, i8, i16, i32, i64, u16, u32, u64, f32, f64 = views
+    code = meta[0, 4]
+    if code == F32:
+        _list_typed(f32, 2, False, views, meta, chunk, row, dest, out)
+    elif code == F64:
+        _list_typed(f64, 3, False, views, meta, chunk, row, dest, out)
+    elif code == I64:
+        _list_typed(i64, 3, False, views, meta, chunk, row, dest, out)
+    elif code == I32:
+        _list_typed(i32, 2, False, views, meta, chunk, row, dest, out)
+    elif code == I16:
+        _list_typed(i16, 1, False, views, meta, chunk, row, dest, out)
+    elif code == I8:
+        _list_typed(i8, 0, False, views, meta, chunk, row, dest, out)
+    elif code == U8:
+        _list_typed(u8, 0, False, views, meta, chunk, row, dest, out)
+    elif code == U16:
+        _list_typed(u16, 1, False, views, meta, chunk, row, dest, out)
+    elif code == U32:
+        _list_typed(u32, 2, False, views, meta, chunk, row, dest, out)
+    elif code == U64:
+        _list_typed(u64, 3, False, views, meta, chunk, row, dest, out)
+    else:
+        _list_typed(u8, 0, True, views, meta, chunk, row, dest, out)
 
 
 @kernel

@@ -1,0 +1,357 @@
+"""Loader benchmark: stoker vs a hand-written torch baseline vs the machine's ceilings.
+
+One command (``.venv/bin/python bench/loader_bench.py``) builds the data once under
+``--workdir``, runs every case in a fresh subprocess ``--repeats`` times (medians reported),
+prints one table and writes it into the "## Loader" section of bench/RESULTS.md.
+
+W1 tabular: ``--rows`` rows (default 2,000,000; 64 float32, 8 int64, list<float32>[16], int64
+label), batch 1024, shuffle on, outputs features [B,64] f32, cats [B,8] i64, seq [B,16] f32,
+label [B] i64. W2 images: ``--images`` JPEGs (default 50,000; 64x64 RGB, quality 90) with
+labels, batch 256, output uint8 [B,64,64,3] + labels.
+
+Cases: stoker (thread workers 0 and 2); torch's DataLoader over a pyarrow IterableDataset
+(row groups in a seeded order, shuffled within a row group; the reasonable hand-written
+baseline); ceilings: W1 = one process reads the Parquet row group by row group and converts
+every column to NumPy (no shuffle); W2 = raw decode throughput of the chosen decoder on one
+core x the cores used. Mosaic Streaming and LitData are not run (see bench/RESULTS.md).
+Peak RSS is the sum over the case's process tree, sampled every 20 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+FEATURES = [f"f{i}" for i in range(64)]
+CATS = [f"c{i}" for i in range(8)]
+W1_BATCH, W2_BATCH, SIDE = 1024, 256, 64
+
+
+# -- data ------------------------------------------------------------------------------------
+def prepare(workdir: Path, rows: int, images: int) -> None:
+    """Build W1 (Parquet + stoker dataset) and W2 (JPEG Parquet + stoker dataset) once."""
+    from stoker.sharder import shard
+    from stoker.sharder.synthetic import write_tabular_parquet
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    w1 = workdir / f"w1-{rows}"
+    if not (w1 / "stoker" / "manifest.json").exists():
+        w1.mkdir(exist_ok=True)
+        write_tabular_parquet(w1 / "data.parquet", rows)
+        shard(str(w1 / "data.parquet"), str(w1 / "stoker"), progress=False, overwrite=True)
+    w2 = workdir / f"w2-{images}"
+    if not (w2 / "stoker" / "manifest.json").exists():
+        _make_images(w2, images)
+
+
+def _make_images(root: Path, n: int) -> None:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from stoker.manifest import Manifest, ShardInfo, hash_file, stoker_version
+
+    rng = np.random.default_rng(0)
+    yy, xx = np.mgrid[0:SIDE, 0:SIDE]
+    blobs = []
+    for i in range(n):  # smooth gradients + noise: compresses like a photo thumbnail
+        a, b, c = rng.uniform(0.5, 3, 3)
+        img = np.stack([np.sin(xx / (4 * a) + i), np.cos(yy / (4 * b)), np.sin((xx + yy) / (4 * c))],
+                       -1) * 90 + 128 + rng.normal(0, 12, (SIDE, SIDE, 3))
+        buf = io.BytesIO()
+        Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
+        blobs.append(buf.getvalue())
+    labels = rng.integers(0, 1000, n)
+    table = pa.table({"jpg": pa.array(blobs, pa.binary()), "label": pa.array(labels, pa.int64())})
+    (root / "stoker" / "shards").mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, root / "data.parquet", row_group_size=4096)
+    shards, per = [], 12500
+    for s, lo in enumerate(range(0, n, per)):
+        part = table.slice(lo, per)
+        path = f"shards/{s:05d}.arrow"
+        batches = part.to_batches(max_chunksize=2048)
+        with pa.OSFile(str(root / "stoker" / path), "wb") as f, \
+                pa.ipc.new_file(f, table.schema) as w:
+            for b in batches:
+                w.write_batch(b)
+        digest, size = hash_file(root / "stoker" / path)
+        shards.append(ShardInfo(path, part.num_rows, size, digest,
+                                tuple(b.num_rows for b in batches)))
+    Manifest.create(schema=table.schema, shards=shards, sources=[], options={},
+                    stoker_version=stoker_version(), compression="none").save(root / "stoker")
+
+
+# -- cases (each runs in its own process) ------------------------------------------------------
+def _stoker_w1(d: Path, workers: int) -> Iterator[Any]:
+    from stoker.loader import DataLoader
+
+    return iter(DataLoader(d / "stoker", batch_size=W1_BATCH, shuffle=True, seed=0,
+                           num_workers=workers, features=FEATURES, categoricals=CATS,
+                           columns=["seq", "label"]))
+
+
+def _stoker_w2(d: Path, workers: int) -> Iterator[Any]:
+    from stoker.loader import DataLoader
+    from stoker.loader.images import ImageOptions
+
+    return iter(DataLoader(d / "stoker", batch_size=W2_BATCH, shuffle=True, seed=0,
+                           num_workers=workers, columns=["label"],
+                           image=ImageOptions("jpg", size=(SIDE, SIDE))))
+
+
+class _ParquetStream(torch.utils.data.IterableDataset):
+    """torch IterableDataset over Parquet row groups: seeded row-group order, rows shuffled
+    inside each row group, batches converted with pyarrow + NumPy. Worker k reads row groups
+    k, k + W, ..."""
+
+    def __init__(self, path: Path, batch: int, convert: Callable[[Any], dict[str, Any]]) -> None:
+        self.path, self.batch, self.convert = path, batch, convert
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        info = torch.utils.data.get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info else (0, 1)
+        f = pq.ParquetFile(self.path)
+        rng = np.random.default_rng(0)
+        groups = rng.permutation(f.num_row_groups)[wid::nw]
+        rest = None
+        for g in groups:
+            t = f.read_row_group(int(g))
+            t = t.take(pa.array(rng.permutation(t.num_rows)))
+            if rest is not None:
+                t = pa.concat_tables([rest, t])
+            n = t.num_rows // self.batch * self.batch
+            for lo in range(0, n, self.batch):
+                yield self.convert(t.slice(lo, self.batch))
+            rest = t.slice(n)
+        if rest is not None and rest.num_rows:
+            yield self.convert(rest)
+
+
+def _convert_w1(t: Any) -> dict[str, Any]:
+    import torch
+
+    feats = np.stack([t.column(c).to_numpy() for c in FEATURES], 1)
+    cats = np.stack([t.column(c).to_numpy() for c in CATS], 1)
+    seq = t.column("seq").combine_chunks().flatten().to_numpy().reshape(t.num_rows, -1)
+    return {"features": torch.from_numpy(feats), "cats": torch.from_numpy(cats),
+            "seq": torch.from_numpy(seq), "label": torch.from_numpy(t.column("label").to_numpy())}
+
+
+def _convert_w2(t: Any) -> dict[str, Any]:
+    import io
+
+    import torch
+    from PIL import Image
+
+    imgs = np.stack([np.asarray(Image.open(io.BytesIO(b)).convert("RGB"))
+                     for b in t.column("jpg").to_pylist()])
+    return {"jpg": torch.from_numpy(imgs), "label": torch.from_numpy(t.column("label").to_numpy())}
+
+
+def _torch_case(d: Path, workers: int, batch: int, convert: Any) -> Iterator[Any]:
+    import torch
+
+    ds = _ParquetStream(d / "data.parquet", batch, convert)
+    return iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers))
+
+
+def _ceiling_w1(d: Path) -> Iterator[Any]:
+    import pyarrow.parquet as pq
+
+    f = pq.ParquetFile(d / "data.parquet")
+    for g in range(f.num_row_groups):
+        t = f.read_row_group(g)
+        out = {c: t.column(c).to_numpy() for c in FEATURES + CATS + ["label"]}
+        out["seq"] = t.column("seq").combine_chunks().flatten().to_numpy()
+        yield {"label": out["label"]}
+
+
+def _ceiling_w2(d: Path) -> Iterator[Any]:
+    """One core decoding with the chosen decoder (the table multiplies by the cores used)."""
+    import pyarrow.parquet as pq
+
+    from stoker.loader.images import _decode
+
+    f = pq.ParquetFile(d / "data.parquet")
+    out = np.empty((SIDE, SIDE, 3), np.uint8)
+    for g in range(f.num_row_groups):
+        blobs = f.read_row_group(g, columns=["jpg"]).column("jpg").to_pylist()
+        for b in blobs:
+            _decode(b, out)
+        yield {"label": np.empty(len(blobs))}
+
+
+CASES: dict[str, tuple[str, Callable[[Path], Iterator[Any]], int]] = {
+    # name: (workload, make iterator, workers)
+    "w1/stoker/0": ("w1", lambda d: _stoker_w1(d, 0), 0),
+    "w1/stoker/2": ("w1", lambda d: _stoker_w1(d, 2), 2),
+    "w1/torch+pyarrow/0": ("w1", lambda d: _torch_case(d, 0, W1_BATCH, _convert_w1), 0),
+    "w1/torch+pyarrow/2": ("w1", lambda d: _torch_case(d, 2, W1_BATCH, _convert_w1), 2),
+    "w1/ceiling parquet->numpy/1": ("w1", _ceiling_w1, 1),
+    "w2/stoker/0": ("w2", lambda d: _stoker_w2(d, 0), 0),
+    "w2/stoker/2": ("w2", lambda d: _stoker_w2(d, 2), 2),
+    "w2/torch+pyarrow+PIL/0": ("w2", lambda d: _torch_case(d, 0, W2_BATCH, _convert_w2), 0),
+    "w2/torch+pyarrow+PIL/2": ("w2", lambda d: _torch_case(d, 2, W2_BATCH, _convert_w2), 2),
+    "w2/ceiling decode/1": ("w2", _ceiling_w2, 1),
+}
+
+
+def _batch_bytes(batch: dict[str, Any]) -> int:
+    return sum(int(v.nbytes) for v in batch.values() if hasattr(v, "nbytes"))
+
+
+def run_case(name: str, data: Path) -> dict[str, float]:
+    """Run one case to the end of an epoch in this process; JSON-able numbers."""
+    t0 = time.perf_counter()
+    it = CASES[name][1](data)
+    first = next(it)
+    t1 = time.perf_counter()
+    n = len(first["label"])
+    nbytes = _batch_bytes(first)
+    for b in it:
+        n += len(b["label"])
+        nbytes += _batch_bytes(b)
+    t2 = time.perf_counter()
+    return {"samples": n, "seconds": t2 - t0, "samples_per_s": n / (t2 - t0),
+            "first_batch_s": t1 - t0, "bytes_per_s": nbytes / (t2 - t0)}
+
+
+def _tree_rss(pid: int) -> int:
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        procs = [p] + p.children(recursive=True)
+    except psutil.Error:
+        return 0
+    total = 0
+    for q in procs:
+        try:
+            total += q.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def _spawn(name: str, data: Path) -> dict[str, float]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--case", name, "--data", str(data)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, _tree_rss(proc.pid))
+        time.sleep(0.02)
+    out = proc.stdout.read() if proc.stdout else ""
+    if proc.returncode:
+        raise RuntimeError(f"case {name} failed with exit code {proc.returncode}")
+    result = json.loads(out.strip().splitlines()[-1])
+    result["peak_rss_mb"] = peak / 2**20
+    return result
+
+
+def memcpy_bandwidth() -> float:
+    """Bytes/s of a pre-faulted 256 MiB ``np.copyto`` (median of 5)."""
+    a = np.ones(2**28, np.uint8)
+    b = np.ones_like(a)
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        np.copyto(b, a)
+        times.append(time.perf_counter() - t)
+    return a.nbytes / statistics.median(times)
+
+
+# -- table -------------------------------------------------------------------------------------
+def build_table(results: dict[str, dict[str, float]], memcpy: float) -> str:
+    rows = ["| case | workers | samples/s | vs ceiling | vs best peer | first batch | peak RSS "
+            "(tree) | delivered / memcpy |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for wl in ("w1", "w2"):
+        names = [n for n in results if n.startswith(wl + "/")]
+        ceil_name = next((n for n in names if "ceiling" in n), None)
+        for name in names:
+            r = results[name]
+            _, label, workers = name.split("/")
+            cores = max(int(workers), 1)
+            ceiling = None
+            if ceil_name is not None:
+                c = results[ceil_name]["samples_per_s"]
+                # W1's ceiling is one process; W2's is per core x cores used
+                ceiling = c * (cores if wl == "w2" else 1)
+            peers = [results[n]["samples_per_s"] for n in names
+                     if "stoker" not in n and "ceiling" not in n and n.split("/")[2] == workers]
+            best = max(peers) if peers else None
+            vs_c = f"{r['samples_per_s'] / ceiling:.2f}x" if ceiling and "ceiling" not in name else "-"
+            vs_p = f"{r['samples_per_s'] / best:.2f}x" if best and "stoker" in name else "-"
+            rows.append(f"| {wl.upper()} {label} | {workers} | {r['samples_per_s']:,.0f} | {vs_c} "
+                        f"| {vs_p} | {r['first_batch_s']:.3f} s | {r['peak_rss_mb']:,.0f} MiB | "
+                        f"{r['bytes_per_s'] / memcpy:.1%} |")
+    return "\n".join(rows)
+
+
+def write_results(table: str, header: str) -> None:
+    path = HERE / "RESULTS.md"
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    section = f"## Loader\n\n{header}\n\n{table}\n"
+    start = text.find("## Loader\n")
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = text.find("\n## ", start + 1)
+        text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=2_000_000)
+    ap.add_argument("--images", type=int, default=50_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/stoker-loader-bench"))
+    ap.add_argument("--only", default="", help="run only cases whose name contains this")
+    ap.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
+    ap.add_argument("--case", help=argparse.SUPPRESS)
+    ap.add_argument("--data", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.case:
+        print(json.dumps(run_case(args.case, args.data)))
+        return 0
+    prepare(args.workdir, args.rows, args.images)
+    data = {"w1": args.workdir / f"w1-{args.rows}", "w2": args.workdir / f"w2-{args.images}"}
+    names = [n for n in CASES if args.only in n]
+    runs: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    for _ in range(args.repeats):  # interleaved, so load changes hit every case alike
+        for name in names:
+            runs[name].append(_spawn(name, data[CASES[name][0]]))
+    results = {n: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in runs.items()}
+    memcpy = memcpy_bandwidth()
+    load = os.getloadavg()
+    header = (f"`.venv/bin/python bench/loader_bench.py --rows {args.rows} --images {args.images} "
+              f"--repeats {args.repeats}` — {platform.machine()}, {os.cpu_count()} shared cores, "
+              f"load average {load[0]:.1f}/{load[1]:.1f} at the end (other engineers' jobs: "
+              f"noisy), Python {platform.python_version()}, memcpy {memcpy / 1e9:.1f} GB/s. "
+              f"Medians of {args.repeats} runs, each case in a fresh process.")
+    table = build_table(results, memcpy)
+    print(header + "\n\n" + table)
+    if not args.no_write:
+        write_results(table, header)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
