@@ -15,9 +15,16 @@ if [ "$(id -u)" -ne 0 ]; then
     fi
 fi
 export DEBIAN_FRONTEND=noninteractive
-# policy-rc.d-less images would start the nginx service on install; we run our own instances.
+# Installing nginx would start the system service on 0.0.0.0:80; tests run their own
+# loopback instances, so forbid service starts for the duration (unless a policy exists).
+policy=/usr/sbin/policy-rc.d
+added_policy=0
+if [ ! -e "$policy" ] && printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null 2>&1; then
+    $SUDO chmod +x "$policy" && added_policy=1
+fi
 $SUDO apt-get update -qq >/dev/null 2>&1 || true
 if ! $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null 2>&1; then
     echo "ci_system_deps: apt-get install ${need[*]} failed (tests needing them skip)" >&2
 fi
+if [ "$added_policy" -eq 1 ]; then $SUDO rm -f "$policy"; fi
 exit 0
