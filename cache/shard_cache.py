@@ -102,6 +102,12 @@ class ShardCache:
         if eviction not in _POLICIES:
             raise ValueError(f"eviction must be one of {_POLICIES}, got {eviction!r}.")
         self._manifest = manifest
+        self._pid = os.getpid()
+        self._options = {"limit": limit, "storage_options": storage_options,
+                         "inflight_allowance": inflight_allowance, "retry": retry,
+                         "prefetch_workers": prefetch_workers, "prefetch_ahead": prefetch_ahead,
+                         "eviction": eviction}
+        self._cache_dir = os.fspath(cache_dir)
         self._zstd = manifest.compression == "zstd"
         self._limit = None if limit is None else parse_size(limit, "limit")
         self._allowance = self._check_budget(inflight_allowance)
@@ -201,6 +207,11 @@ class ShardCache:
             self._pin_locks.clear()
             self._pins.clear()
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickling (e.g. into spawned worker processes) re-opens the same cache directory:
+        threads and locks are per process, the files on disk are shared."""
+        return (_reopen, (self._manifest, self._cache_dir, self._options))
+
     def __enter__(self) -> "ShardCache":
         return self
 
@@ -251,6 +262,12 @@ class ShardCache:
             with self._mutex:
                 if self._closed.is_set():
                     raise CacheError("this ShardCache is closed; open a new one.")
+                if os.getpid() != self._pid:
+                    raise CacheError(
+                        "this ShardCache was created in another process and inherited through "
+                        "fork; its locks and prefetch threads do not carry over. Create one "
+                        "ShardCache per process on the same cache_dir (or pickle it: unpickling "
+                        "re-opens the cache in the new process).")
                 if self._pins.get(i):
                     self._pins[i] += 1
                     self._note_use(i)
@@ -683,6 +700,10 @@ class ShardCache:
             else:
                 os.unlink(path)
         self._counters.add("repaired")
+
+
+def _reopen(manifest: Manifest, cache_dir: str, options: dict[str, Any]) -> ShardCache:
+    return ShardCache(manifest, cache_dir, **options)
 
 
 def _make_fetcher(root: str, storage_options: Mapping[str, Any] | None,

@@ -132,3 +132,37 @@ def test_retry_policy_delays() -> None:
     assert len(draws) == 20 and all(0.0 <= d <= 4.0 for d in draws)
     with pytest.raises(ValueError, match="jitter"):
         RetryPolicy(jitter=2.0)
+
+
+def test_pickled_cache_reopens_the_same_directory(dataset, tmp_path: Path) -> None:
+    import pickle
+
+    _, manifest = dataset(n_shards=2)
+    with ShardCache(manifest, tmp_path / "c", prefetch_workers=1, limit="1GB") as cache:
+        cache.path(0)
+        with pickle.loads(pickle.dumps(cache)) as clone:
+            assert clone.directory == cache.directory and clone.limit == 10**9
+            clone.path(0)
+            assert (clone.stats().hits, clone.stats().fetches) == (1, 0)
+
+
+def test_cache_inherited_through_fork_is_refused(dataset, tmp_path: Path) -> None:
+    import multiprocessing as mp
+
+    _, manifest = dataset(n_shards=1)
+    with ShardCache(manifest, tmp_path / "c", prefetch_workers=0) as cache:
+        ctx = mp.get_context("fork")
+        queue = ctx.Queue()
+
+        def child() -> None:
+            try:
+                cache.path(0)
+                queue.put("no error")
+            except Exception as exc:  # noqa: BLE001 - reported to the parent
+                queue.put(str(exc))
+
+        proc = ctx.Process(target=child)
+        proc.start()
+        message = queue.get(timeout=30)
+        proc.join(30)
+    assert "another process" in message and "per process" in message
