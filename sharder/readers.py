@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.json as pjson
 import pyarrow.parquet as pq
+import zstandard
 
 from stoker.sharder.errors import SharderError
 from stoker.sharder.inputs import InputFile
@@ -47,7 +48,7 @@ def _guard(inp: InputFile) -> Iterator[None]:
         yield
     except SharderError:
         raise
-    except (pa.ArrowException, OSError, ValueError) as exc:
+    except (pa.ArrowException, OSError, ValueError, zstandard.ZstdError) as exc:
         raise _bad_file(inp, exc) from exc
 
 
@@ -58,8 +59,6 @@ def _open_text(inp: InputFile) -> Iterator[Any]:
         with pa.OSFile(inp.path, "rb") as f:
             yield f
         return
-    import zstandard
-
     with open(inp.path, "rb") as raw, \
             zstandard.ZstdDecompressor().stream_reader(raw, read_size=1 << 20) as text:
         yield pa.PythonFile(text, mode="r")

@@ -44,6 +44,18 @@ def test_corrupt_parquet_is_named(tmp_path: Path, damage: str) -> None:
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(("name", "data", "fmt"), [
+    ("a.jsonl.zst", b"not a zstd frame", "jsonl"),
+    ("a.jsonl", b'{"a": 1}\n{"a":\n', "jsonl"),
+    ("a.csv", b"a,b\n1,2\n3\n", "csv"),
+])
+def test_corrupt_text_inputs_are_named(tmp_path: Path, name: str, data: bytes, fmt: str) -> None:
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(SharderError, match=rf"cannot read '.*{name}' as {fmt}"):
+        shard(tmp_path / name, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_schema_mismatch_names_both_files_and_the_field(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
