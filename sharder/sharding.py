@@ -6,7 +6,7 @@ import errno
 import logging
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from stoker.manifest import Manifest, ShardInfo, stoker_version
 from stoker.sharder.build import Build, check_destination, clear_directory, remove_temp_files
@@ -22,6 +22,7 @@ __all__ = ["shard"]
 
 _log = logging.getLogger(__name__)
 Source = str | os.PathLike[str]
+T = TypeVar("T")
 
 
 def shard(src: Source | Sequence[Source], dst: Source, *, rows_per_shard: int | None = None,
@@ -146,7 +147,7 @@ def _prepare(dst: Path, state: str) -> None:
     _guard_os(make, dst)
 
 
-def _guard_os(fn: Any, dst: Path) -> Any:
+def _guard_os(fn: Callable[[], T], dst: Path) -> T:
     """Run ``fn``; turn an OS error about ``dst`` into a clear SharderError."""
     try:
         return fn()
