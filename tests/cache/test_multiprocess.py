@@ -131,3 +131,62 @@ def test_shard_pinned_by_another_process_is_not_evicted(dataset, tmp_path) -> No
         if child.poll() is None:
             child.kill()
             child.communicate()
+
+
+_BUDGETED = r"""
+import sys
+import numpy as np
+from stoker.cache import ShardCache
+from stoker.manifest import Manifest, hash_file
+manifest = Manifest.load(sys.argv[1])
+seq = [int(s) for s in np.random.default_rng(int(sys.argv[4])).integers(0, manifest.num_shards, 25)]
+with ShardCache(manifest, sys.argv[2], limit=int(sys.argv[3]), prefetch_workers=1) as cache:
+    cache.set_future(seq)
+    for s in seq:
+        with cache.pin(s) as path:
+            assert hash_file(path)[0] == manifest.shards[s].xxh3_128
+"""
+
+
+def test_processes_share_one_budget(dataset, tmp_path) -> None:
+    import threading
+
+    root, manifest = dataset(n_shards=10, rows=600)
+    largest = int(manifest.shard_bytes.max())
+    limit, allowance = 5 * largest, 2 * largest  # the default allowance
+    cache_dir = tmp_path / "cache"
+    samples: list[tuple[int, int]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        d = cache_dir / manifest.fingerprint
+        while not stop.is_set():
+            sizes = {}
+            for sub in ("shards", "quarantine", "tmp"):
+                try:
+                    entries = list(os.scandir(d / sub))
+                except FileNotFoundError:
+                    entries = []
+                total = 0
+                for e in entries:
+                    try:
+                        total += e.stat().st_size
+                    except FileNotFoundError:
+                        pass
+                sizes[sub] = total
+            committed = sizes["shards"] + sizes["quarantine"]
+            samples.append((committed, committed + sizes["tmp"]))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        procs = [_spawn(_BUDGETED, root, cache_dir, limit, seed) for seed in range(4)]
+        for p in procs:
+            _, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err[-3000:]
+    finally:
+        stop.set()
+        sampler.join()
+    assert len(samples) > 20
+    assert max(c for c, _ in samples) <= limit
+    assert max(t for _, t in samples) <= limit + allowance
