@@ -75,11 +75,26 @@ def scan_file(inp: InputFile) -> FileScan:
             meta = pq.ParquetFile(inp.path).metadata
             groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
             return FileScan(meta.num_rows, meta.schema.to_arrow_schema(), groups)
-        with _open_text(inp) as stream:
-            # Whole-file reads infer each column's type from all of its values (a streaming
-            # reader decides from the first block and fails later on a wider value).
-            table = pcsv.read_csv(stream) if inp.format == "csv" else pjson.read_json(stream)
-        return FileScan(table.num_rows, table.schema)
+        try:
+            return _stream_scan(inp)
+        except pa.ArrowInvalid:
+            # A streaming reader fixes types from the first block and fails on a wider value
+            # later; a whole-file read infers each column's type from all of its values.
+            with _open_text(inp) as stream:
+                table = pcsv.read_csv(stream) if inp.format == "csv" else pjson.read_json(stream)
+            return FileScan(table.num_rows, table.schema)
+
+
+def _stream_scan(inp: InputFile) -> FileScan:
+    """Count rows block by block (memory stays at one block); types from the first block.
+
+    When every later value fits those types, they are the types a whole-file read infers
+    too (inference takes the narrowest type of a fixed order that fits all values).
+    """
+    with _open_text(inp) as stream:
+        reader = pcsv.open_csv(stream) if inp.format == "csv" else pjson.open_json(stream)
+        rows = sum(batch.num_rows for batch in reader)
+        return FileScan(rows, reader.schema)
 
 
 def read_rows(inp: InputFile, schema: pa.Schema, columns: list[str], row_groups: tuple[int, ...],

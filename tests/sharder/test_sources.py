@@ -107,3 +107,13 @@ def test_csv_types_widen_across_files(tmp_path: Path, read_dataset) -> None:
     got = read_dataset(tmp_path / "out")
     assert [str(f.type) for f in got.schema] == ["double", "string", "null"]
     assert got.to_pydict() == {"n": [1.0, 2.0, 2.5], "s": ["x", "y", "z"], "e": [None] * 3}
+
+
+def test_wider_value_after_the_first_block_widens_the_type(tmp_path: Path, read_dataset) -> None:
+    src = tmp_path / "big.csv"
+    # ~2.4 MB: the streaming reader's first 1 MB block holds only integers.
+    src.write_text("n\n" + "12345678901\n" * 200_000 + "2.5\n")
+    m = shard(src, tmp_path / "out", rows_per_shard=150_000, progress=False)
+    got = read_dataset(tmp_path / "out").column("n")
+    assert got.type == pa.float64() and m.num_samples == 200_001
+    assert got[0].as_py() == 12345678901.0 and got[-1].as_py() == 2.5
