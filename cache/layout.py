@@ -4,6 +4,7 @@
 CACHE_DIR/<manifest fingerprint>/
   shards/00000042.arrow   complete, verified (and materialised) shard 42; only ever renamed in
   meta/00000042.json      its sidecar (what was verified, size, mtime) for warm restarts
+                          (written as 00000042.json.<pid>.tmp, then renamed)
   tmp/00000042.<reserved bytes>.<pid>.<part|mat>   in-flight download / materialisation
   locks/00000042.lock     per-shard flock: shared = pinned, exclusive = being written/evicted
   quarantine/00000042.<n> copies that failed verification (first to go when room is needed)
@@ -22,6 +23,7 @@ __all__ = ["Layout"]
 
 _DATA = re.compile(r"^(\d{8,})\.arrow$")
 _META = re.compile(r"^(\d{8,})\.json$")
+_META_TMP = re.compile(r"^(\d{8,})\.json\.\d+\.tmp$")
 _TMP = re.compile(r"^(\d{8,})\.(\d+)\.(\d+)\.(part|mat)$")
 
 
@@ -65,6 +67,12 @@ class Layout:
     @staticmethod
     def meta_index(name: str) -> int | None:
         m = _META.match(name)
+        return int(m.group(1)) if m else None
+
+    @staticmethod
+    def meta_temp_index(name: str) -> int | None:
+        """Shard index of a sidecar being written (``NNNNNNNN.json.<pid>.tmp``), else None."""
+        m = _META_TMP.match(name)
         return int(m.group(1)) if m else None
 
     @staticmethod

@@ -128,6 +128,7 @@ class ShardCache:
         self._trusted: dict[int, tuple[int, int, int]] = {}
         self._future: FutureIndex | None = None
         self._claimed: set[int] = set()
+        self._prefetch_failed: set[int] = set()  # left to the foreground until set_future
         self._clock = itertools.count(1)
         self._last_used: dict[int, int] = {}
         self._repair()
@@ -184,6 +185,7 @@ class ShardCache:
         future = FutureIndex(upcoming, self._manifest.num_shards)
         with self._wake:
             self._future = future
+            self._prefetch_failed.clear()
             self._wake.notify_all()
 
     def stats(self) -> CacheStats:
@@ -619,6 +621,8 @@ class ShardCache:
             except Exception as exc:  # noqa: BLE001 - the foreground request retries and reports
                 log.warning("prefetch of shard %d failed (%s: %s); it will be fetched on demand",
                             i, type(exc).__name__, self._scrub(str(exc)))
+                with self._mutex:
+                    self._prefetch_failed.add(i)
             finally:
                 with self._wake:
                     self._claimed.discard(i)
@@ -630,7 +634,9 @@ class ShardCache:
             if self._future is None or self._closed.is_set():
                 return None
             for s in self._future.upcoming(self._prefetch_ahead):
-                if s not in self._claimed and s not in self._pins and not self._is_present(s):
+                if s in self._claimed or s in self._pins or s in self._prefetch_failed:
+                    continue
+                if not self._is_present(s):
                     self._claimed.add(s)
                     return s
         return None
@@ -658,6 +664,12 @@ class ShardCache:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(lay.sidecar(idx))
         for entry in os.scandir(lay.meta):
+            writing = Layout.meta_temp_index(entry.name)
+            if writing is not None:  # a sidecar being written under its shard's lock
+                with self._try_lock(writing) as locked:
+                    if locked:
+                        self._remove(entry.path, "stale sidecar temp file")
+                continue
             idx = Layout.meta_index(entry.name)
             if idx is None or not os.path.exists(lay.data(idx)):
                 self._remove(entry.path, "orphan sidecar")

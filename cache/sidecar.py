@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 
 __all__ = ["Sidecar"]
@@ -42,10 +41,11 @@ class Sidecar:
 
     def write(self, path: str) -> None:
         """Write atomically (temp file + rename) so a crash never leaves half a record."""
-        directory = os.path.dirname(path)
-        fd, tmp = tempfile.mkstemp(prefix=".", suffix=".tmp", dir=directory)
+        # The writer holds the shard's lock, so "<name>.<pid>.tmp" is unique and start-up
+        # repair can tell a live write from a crash leftover by trying that lock.
+        tmp = f"{path}.{os.getpid()}.tmp"
         try:
-            with os.fdopen(fd, "w") as f:
+            with open(tmp, "w") as f:
                 json.dump(asdict(self), f, sort_keys=True)
             os.replace(tmp, path)
         except BaseException:

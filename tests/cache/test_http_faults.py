@@ -172,3 +172,21 @@ def test_object_of_wrong_size_is_an_integrity_error(dataset, fault_server, tmp_p
             cache.path(0)
         assert cache.stats().quarantines == 2
     assert len(fault_server.requests(SHARD)) == 2  # no body read, no retry storm
+
+
+def test_failed_prefetch_is_left_to_the_foreground(dataset, fault_server, tmp_path) -> None:
+    root, _ = dataset(n_shards=2)
+    manifest = _serve(fault_server, root)
+    missing = "ds/shards/00001.arrow"
+    fault_server.plan(missing, *[Fault.status_code(404)] * 5)
+    with _cache(manifest, tmp_path, prefetch_workers=2) as cache:
+        cache.set_future([0, 1])
+        deadline = time.monotonic() + 10
+        while not fault_server.requests(missing) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)  # a prefetcher retrying in a loop would ask again and again
+        assert len(fault_server.requests(missing)) == 1
+        cache.path(0)
+        with pytest.raises(RemoteFetchError, match="HTTP 404"):
+            cache.path(1)
+    assert len(fault_server.requests(missing)) == 2

@@ -30,7 +30,8 @@ def test_dirty_state_is_repaired_at_start(dataset, tmp_path: Path) -> None:
     (d / "meta" / "00000003.json").unlink()  # committed, sidecar never written: re-hash, keep
     os.utime(data[4], ns=(2, 2))  # only the mtime changed (a copy tool): re-hash, keep
     foreign = [d / "shards" / "notes.txt", d / "shards" / "99999999.arrow", d / "tmp" / "junk",
-               d / "tmp" / "00000001.123.4242.part", d / "meta" / "00000077.json"]
+               d / "tmp" / "00000001.123.4242.part", d / "meta" / "00000077.json",
+               d / "meta" / "00000002.json.4242.tmp"]
     for path in foreign:
         path.write_bytes(b"x")
     with ShardCache(manifest, cache_dir, prefetch_workers=0) as cache:
