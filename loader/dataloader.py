@@ -114,6 +114,10 @@ class DataLoader:
         self._cache = None
         self._categoricals = categoricals
         self._image = image
+        # the fast path writes batches straight into page-locked buffers when they will be
+        # copied to a GPU (see stoker.loader.transfer)
+        wants_gpu = pin_memory or bool(pin_memory_device) or str(device or "").startswith("cuda")
+        self._pin_source = bool(wants_gpu) and torch.cuda.is_available()
         self._source = self._make_source(dataset, columns, features, collate_fn, batch_size,
                                          cache_dir, cache_limit, storage_options, partitions)
         self.sampler = sampler
@@ -176,7 +180,7 @@ class DataLoader:
             max_open = 256 if opener is None else 2 * (partitions or 16) + self.num_workers + 2
             source = ArrowSource(manifest, columns=columns, features=features, opener=opener,
                                  max_open=max_open, categoricals=self._categoricals,
-                                 image=self._image)
+                                 image=self._image, pin=self._pin_source)
             self._collate = collate_fn
             return source
         if isinstance(dataset, IterableDataset):
