@@ -101,7 +101,7 @@ def end_to_end(rows: int) -> dict[str, float]:
             n += 1
         torch.cuda.synchronize()
         out[f"{name} batches/s"] = n / (time.perf_counter() - t)
-        out[f"{name} stall share"] = float(getattr(dl.stats, "stall_share", float("nan")))
+        out[f"{name} stall share"] = float(dl.stats.as_dict()["data_stall_share"] or 0.0)
         dl.close()
     return out
 
