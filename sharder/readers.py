@@ -2,8 +2,9 @@
 
 Parquet row ranges come from the covering row groups (found from the footer), so a shard
 task reads only what it needs. CSV and JSONL have no index: a range is read by streaming
-the file from its start and stopping once the range is complete. Every file is read with
-the one schema the plan chose, so types are identical in every shard.
+the file from its start (a :class:`RangeReader` continues one stream over consecutive
+ranges, so a group of shards reads the file once). Every file is read with the one schema
+the plan chose, so types are identical in every shard.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import zstandard
 from stoker.sharder.errors import SharderError
 from stoker.sharder.inputs import InputFile
 
-__all__ = ["FileScan", "read_head", "read_rows", "scan_file"]
+__all__ = ["FileScan", "RangeReader", "read_head", "read_rows", "scan_file"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,20 +104,96 @@ def read_rows(inp: InputFile, schema: pa.Schema, columns: list[str], row_groups:
 
     ``schema`` is the plan's unified schema of file columns (partition columns excluded).
     """
-    with _guard(inp):
-        if inp.format == "parquet":
-            table = _parquet_rows(inp, columns, row_groups, start, stop)
+    with RangeReader() as reader:
+        return reader.read(inp, schema, columns, row_groups, start, stop)
+
+
+class RangeReader:
+    """Reads row ranges of input files (see :func:`read_rows`).
+
+    CSV and JSONL have no row index, so a range is found by streaming from the file start.
+    Ascending ranges of one file read through one ``RangeReader`` continue the same stream,
+    so a task writing several consecutive shards of a text file reads it once. Batches come
+    from the same stream positions either way, so the result does not depend on reuse.
+    """
+
+    def __init__(self) -> None:
+        self._stack: contextlib.ExitStack | None = None
+        self._key: tuple[str, tuple[str, ...]] | None = None
+        self._batches: Iterator[pa.RecordBatch] = iter(())
+        self._batch: pa.RecordBatch | None = None
+        self._batch_start = 0  # row index in the file of ``_batch``'s first row
+
+    def __enter__(self) -> "RangeReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the open stream, if any."""
+        if self._stack is not None:
+            self._stack.close()
+        self._stack, self._key, self._batch = None, None, None
+
+    def read(self, inp: InputFile, schema: pa.Schema, columns: list[str],
+             row_groups: tuple[int, ...], start: int, stop: int) -> pa.Table:
+        """Rows ``[start, stop)`` of ``inp`` with exactly the types of ``schema``."""
+        with _guard(inp):
+            if inp.format == "parquet":
+                table = _parquet_rows(inp, columns, row_groups, start, stop)
+            else:
+                table = self._text_rows(inp, schema, columns, start, stop)
+            return _checked(inp, table, schema, columns, start, stop)
+
+    def _open(self, inp: InputFile, schema: pa.Schema, columns: list[str]) -> None:
+        self.close()
+        self._stack = contextlib.ExitStack()
+        stream = self._stack.enter_context(_open_text(inp))
+        if inp.format == "csv":
+            convert = pcsv.ConvertOptions(column_types=schema, include_columns=columns)
+            reader: Any = pcsv.open_csv(stream, convert_options=convert)
         else:
-            table = _text_rows(inp, schema, columns, start, stop)
-        if table.num_rows != stop - start:
-            raise SharderError(
-                f"{inp.path!r} has fewer rows than when the plan counted them (wanted rows "
-                f"{start}..{stop}, got {table.num_rows}); the file changed during sharding. "
-                "Run `stoker shard` again.")
-        target = pa.schema([schema.field(c) for c in columns])
-        arrays = [table.column(c) for c in columns]
-        arrays = [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, target)]
-        return pa.Table.from_arrays(arrays, schema=target)
+            parse = pjson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+            reader = pjson.open_json(stream, parse_options=parse)
+        self._key = (inp.path, tuple(columns))
+        self._batches, self._batch, self._batch_start = iter(reader), None, 0
+
+    def _text_rows(self, inp: InputFile, schema: pa.Schema, columns: list[str],
+                   start: int, stop: int) -> pa.Table:
+        if self._key != (inp.path, tuple(columns)) or start < self._batch_start:
+            self._open(inp, schema, columns)
+        pieces = []
+        while True:
+            if self._batch is None:
+                self._batch = next(self._batches, None)
+                if self._batch is None:
+                    break
+            batch, first = self._batch, self._batch_start
+            lo, hi = max(start - first, 0), min(stop - first, batch.num_rows)
+            if hi > lo:
+                pieces.append(batch.slice(lo, hi - lo))
+            if first + batch.num_rows > stop:
+                break  # the next range may start inside this batch: keep it
+            self._batch, self._batch_start = None, first + batch.num_rows
+            if self._batch_start >= stop:
+                break
+        if not pieces:
+            return schema.empty_table().select(columns)
+        return pa.Table.from_batches(pieces).select(columns)
+
+
+def _checked(inp: InputFile, table: pa.Table, schema: pa.Schema, columns: list[str],
+             start: int, stop: int) -> pa.Table:
+    if table.num_rows != stop - start:
+        raise SharderError(
+            f"{inp.path!r} has fewer rows than when the plan counted them (wanted rows "
+            f"{start}..{stop}, got {table.num_rows}); the file changed during sharding. "
+            "Run `stoker shard` again.")
+    target = pa.schema([schema.field(c) for c in columns])
+    arrays = [table.column(c) for c in columns]
+    arrays = [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, target)]
+    return pa.Table.from_arrays(arrays, schema=target)
 
 
 def read_head(inp: InputFile, schema: pa.Schema, columns: list[str], rows: int) -> pa.Table:
@@ -141,26 +218,3 @@ def _parquet_rows(inp: InputFile, columns: list[str], row_groups: tuple[int, ...
     last = bisect.bisect_left(offsets, stop) - 1
     table = pq.ParquetFile(inp.path).read_row_groups(range(first, last + 1), columns=columns)
     return table.slice(start - offsets[first], stop - start)
-
-
-def _text_rows(inp: InputFile, schema: pa.Schema, columns: list[str],
-               start: int, stop: int) -> pa.Table:
-    pieces = []
-    seen = 0
-    with _open_text(inp) as stream:
-        if inp.format == "csv":
-            convert = pcsv.ConvertOptions(column_types=schema, include_columns=columns)
-            reader = pcsv.open_csv(stream, convert_options=convert)
-        else:
-            parse = pjson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
-            reader = pjson.open_json(stream, parse_options=parse)
-        for batch in reader:
-            lo, hi = max(start - seen, 0), min(stop - seen, batch.num_rows)
-            if hi > lo:
-                pieces.append(batch.slice(lo, hi - lo))
-            seen += batch.num_rows
-            if seen >= stop:
-                break
-    if not pieces:
-        return schema.empty_table().select(columns)
-    return pa.Table.from_batches(pieces).select(columns)

@@ -16,7 +16,7 @@ from stoker.sharder.inputs import discover_inputs, source_roots
 from stoker.sharder.options import ShardOptions
 from stoker.sharder.plan import Plan, make_plan
 from stoker.sharder.progress import progress_bar
-from stoker.sharder.writer import HashTask, ShardTask, run_task
+from stoker.sharder.writer import HashTask, ShardGroup, ShardTask, Task, run_task
 
 __all__ = ["shard"]
 
@@ -74,18 +74,40 @@ def shard(src: Source | Sequence[Source], dst: Source, *, rows_per_shard: int | 
     shards, hashed = build.finished()
     if shards:
         _log.info("resuming: %d of %d shards already done", len(shards), plan.num_shards)
-    tasks: list[ShardTask | HashTask] = [
-        _shard_task(plan, build, i) for i in range(plan.num_shards) if i not in shards]
-    tasks += [HashTask(i, f.path, f.rel, build.source_record(i))
-              for i, f in enumerate(plan.inputs) if i not in hashed]
-    # A pool only pays off with several shards to write; its start-up costs ~0.5 s.
-    pending = sum(isinstance(t, ShardTask) for t in tasks)
-    engine = executor if executor is not None else LocalExecutor(max(1, min(workers, pending)))
+    shard_tasks = _shard_tasks(plan, build, [i for i in range(plan.num_shards) if i not in shards],
+                               workers)
+    tasks = shard_tasks + [HashTask(i, f.path, f.rel, build.source_record(i))
+                           for i, f in enumerate(plan.inputs) if i not in hashed]
+    # A pool only pays off with several shard tasks; its start-up costs ~0.5 s.
+    engine = executor if executor is not None else \
+        LocalExecutor(max(1, min(workers, len(shard_tasks))))
     _execute(engine, tasks, build, shards, hashed, progress)
     manifest = _manifest(plan, shards, hashed)
     _guard_os(lambda: manifest.save(dst_path), dst_path)
     build.finish()
     return Manifest.load(dst_path)
+
+
+def _shard_tasks(plan: Plan, build: Build, pending: list[int], workers: int) -> list[Task]:
+    """One task per Parquet shard (it reads only its row groups). CSV/JSONL have no row
+    index, so each file's consecutive shards go in up to ``workers`` groups that stream it
+    once each, instead of every shard re-reading the file from its start."""
+    single = [_shard_task(plan, build, i) for i in pending]
+    if plan.options["format"] == "parquet":
+        return list(single)
+    runs: list[list[ShardTask]] = []
+    for task in single:
+        first = task.pieces[0].file.path
+        if runs and runs[-1][-1].pieces[0].file.path == first \
+                and runs[-1][-1].index + 1 == task.index:
+            runs[-1].append(task)
+        else:
+            runs.append([task])
+    groups: list[Task] = []
+    for run in runs:
+        size = -(-len(run) // max(1, workers))
+        groups += [ShardGroup(tuple(run[k:k + size])) for k in range(0, len(run), size)]
+    return groups
 
 
 def _shard_task(plan: Plan, build: Build, index: int) -> ShardTask:
@@ -94,16 +116,17 @@ def _shard_task(plan: Plan, build: Build, index: int) -> ShardTask:
                      plan.schema, plan.options["compression"], plan.options["batch_bytes"])
 
 
-def _execute(engine: Executor, tasks: list[ShardTask | HashTask], build: Build,
+def _execute(engine: Executor, tasks: list[Task], build: Build,
              shards: dict[int, dict[str, Any]], hashed: dict[int, dict[str, Any]],
              progress: bool | None) -> None:
     """Run the pending tasks, filling ``shards``/``hashed`` with their results."""
     bar = progress_bar(build.plan.num_rows, "shard", "rows", progress)
     bar.update(sum(r["rows"] for r in shards.values()))
     try:
-        for result in engine.map(run_task, tasks):
-            (shards if result["kind"] == "shard" else hashed)[result["index"]] = result
-            bar.update(result["rows"])
+        for results in engine.map(run_task, tasks):
+            for result in results:
+                (shards if result["kind"] == "shard" else hashed)[result["index"]] = result
+                bar.update(result["rows"])
     except BaseException:
         remove_temp_files(build.dst)  # the executor has stopped every task by now
         raise

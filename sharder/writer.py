@@ -18,8 +18,10 @@ import pyarrow as pa
 from stoker.manifest import canonical_json, hash_file
 from stoker.sharder.assemble import Piece, assemble_table
 from stoker.sharder.atomic import atomic_write, write_bytes_atomic
+from stoker.sharder.readers import RangeReader
 
-__all__ = ["HashTask", "ShardTask", "batch_rows_for", "read_record", "run_task", "write_table"]
+__all__ = ["HashTask", "ShardGroup", "ShardTask", "batch_rows_for", "read_record", "run_task",
+           "write_table"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,16 +50,35 @@ class HashTask:
     record: str
 
 
-def run_task(task: ShardTask | HashTask) -> dict[str, Any]:
-    """Run one task and return its (JSON-able) result, also saved as its done-record."""
+@dataclass(frozen=True, slots=True)
+class ShardGroup:
+    """Consecutive shards written in order by one worker, sharing one :class:`RangeReader`
+    (a CSV/JSONL file is then streamed once instead of once per shard)."""
+
+    shards: tuple[ShardTask, ...]
+
+
+Task = ShardTask | ShardGroup | HashTask
+
+
+def run_task(task: Task) -> list[dict[str, Any]]:
+    """Run one task; return its (JSON-able) results, each also saved as a done-record."""
     if isinstance(task, HashTask):
         digest, size = hash_file(task.path)
         result: dict[str, Any] = {"kind": "source", "index": task.index, "path": task.rel,
                                   "bytes": size, "xxh3_128": digest, "rows": 0}
-    else:
-        table = assemble_table(task.pieces, task.file_schema, task.partition_fields, task.schema)
-        info = write_table(table, Path(task.dst) / task.path, task.compression, task.batch_bytes)
-        result = {"kind": "shard", "index": task.index, "path": task.path, **info}
+        write_bytes_atomic(task.record, canonical_json(result))
+        return [result]
+    with RangeReader() as reader:
+        return [_write_shard(t, reader)
+                for t in (task.shards if isinstance(task, ShardGroup) else (task,))]
+
+
+def _write_shard(task: ShardTask, reader: RangeReader) -> dict[str, Any]:
+    table = assemble_table(task.pieces, task.file_schema, task.partition_fields, task.schema,
+                           reader)
+    info = write_table(table, Path(task.dst) / task.path, task.compression, task.batch_bytes)
+    result = {"kind": "shard", "index": task.index, "path": task.path, **info}
     write_bytes_atomic(task.record, canonical_json(result))
     return result
 

@@ -117,3 +117,21 @@ def test_wider_value_after_the_first_block_widens_the_type(tmp_path: Path, read_
     got = read_dataset(tmp_path / "out").column("n")
     assert got.type == pa.float64() and m.num_samples == 200_001
     assert got[0].as_py() == 12345678901.0 and got[-1].as_py() == 2.5
+
+
+def test_text_files_streamed_in_groups_give_the_same_bytes(tmp_path: Path, read_dataset,
+                                                           tree_bytes) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    lines = [f"{i},{i * 0.5},row-{i % 97}\n" for i in range(125_000)]
+    # Two ~1.6 MB files: several 1 MB reader blocks each, shards that span both files.
+    (src / "a.csv").write_text("i,f,s\n" + "".join(lines[:60_000]))
+    (src / "b.csv").write_text("i,f,s\n" + "".join(lines[60_000:]))
+    for workers in (1, 2, 4):
+        shard(src, tmp_path / f"w{workers}", rows_per_shard=7000, workers=workers,
+              progress=False)
+    assert tree_bytes(tmp_path / "w2") == tree_bytes(tmp_path / "w1")
+    assert tree_bytes(tmp_path / "w4") == tree_bytes(tmp_path / "w1")
+    got = read_dataset(tmp_path / "w1")
+    assert got.column("i").to_pylist() == list(range(125_000))
+    assert got.column("s")[-1].as_py() == f"row-{124_999 % 97}"
