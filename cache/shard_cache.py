@@ -27,10 +27,10 @@ import logging
 import math
 import os
 import threading
-import time
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
+from stoker.cache.budget import Budget, CommittedFile
 from stoker.cache.errors import CacheError, CacheLimitError
 from stoker.cache.fetch import Fetcher, Job, Mismatch, download
 from stoker.cache.fetch_fsspec import FsspecFetcher, LocalFetcher
@@ -40,6 +40,7 @@ from stoker.cache.layout import Layout
 from stoker.cache.lock import FileLock
 from stoker.cache.materialise import materialise
 from stoker.cache.redact import Scrubber
+from stoker.cache.repair import repair, vouched
 from stoker.cache.retry import RetryPolicy
 from stoker.cache.sidecar import Sidecar
 from stoker.cache.size import parse_size
@@ -53,8 +54,6 @@ log = logging.getLogger("stoker.cache")
 # In-flight footprint of a zstd shard relative to its stored size: the compressed download
 # plus the uncompressed rewrite, assuming at most 4:1 compression.
 _ZSTD_FOOTPRINT = 5
-# How long a foreground request waits for other processes to unpin shards before giving up.
-_ROOM_WAIT_S = 60.0
 _POLICIES = ("belady", "lru")
 
 
@@ -110,8 +109,7 @@ class ShardCache:
         self._cache_dir = os.fspath(cache_dir)
         self._zstd = manifest.compression == "zstd"
         self._limit = None if limit is None else parse_size(limit, "limit")
-        self._allowance = self._check_budget(inflight_allowance)
-        self._allowance_is_default = inflight_allowance is None
+        allowance = self._check_budget(inflight_allowance)
         self._policy = retry if retry is not None else RetryPolicy()
         self._eviction = eviction
         self._prefetch_ahead = prefetch_ahead
@@ -131,7 +129,9 @@ class ShardCache:
         self._prefetch_failed: set[int] = set()  # left to the foreground until set_future
         self._clock = itertools.count(1)
         self._last_used: dict[int, int] = {}
-        self._repair()
+        self._budget = Budget(self._layout, self._limit, allowance, inflight_allowance is None,
+                              self._counters, self._closed, self._victims, self._own_pins)
+        repair(self._layout, manifest, self._counters)
         self._threads = [threading.Thread(target=self._prefetch_loop, name=f"stoker-prefetch-{k}",
                                           daemon=True) for k in range(prefetch_workers)]
         for t in self._threads:
@@ -146,7 +146,7 @@ class ShardCache:
     @property
     def inflight_allowance(self) -> int:
         """Bytes that files being written may add on top of :attr:`limit`."""
-        return self._allowance
+        return self._budget.allowance
 
     @property
     def directory(self) -> str:
@@ -330,13 +330,13 @@ class ShardCache:
         except FileNotFoundError:
             return False
         key = (st.st_ino, st.st_size, st.st_mtime_ns)
-        if self._trusted.get(i) == key:
+        if self._trusted.get(i) == key:  # same file as last verified: skip the sidecar read
             return True
-        side = Sidecar.read(self._layout.sidecar(i))
-        if side is not None and side.matches(self._manifest.shards[i].xxh3_128, st):
-            self._trusted[i] = key
-            return True
-        return False
+        st = vouched(self._layout, self._manifest, i)
+        if st is None:
+            return False
+        self._trusted[i] = (st.st_ino, st.st_size, st.st_mtime_ns)
+        return True
 
     # -- fetching -------------------------------------------------------------------------------
     def _fetch_locked(self, i: int, *, prefetch: bool) -> bool:
@@ -345,14 +345,15 @@ class ShardCache:
         Returns False only when a prefetch declines (no room without hurting the schedule).
         """
         shard = self._manifest.shards[i]
-        if not self._with_room(i, shard.bytes, prefetch):
+        if not self._budget.with_room(i, shard.bytes, prefetch):
             return False
         url = self._manifest.shard_location(i)
         shown = redact_url(url)
         temps: list[str] = []
         try:
             for attempt in (1, 2):
-                part = self._reserve(i, shard.bytes, "part", prefetch, held=0)
+                part = self._budget.reserve(i, shard.bytes, "part", wait=not prefetch, held=0,
+                                            what=repr(shard.path))
                 if part is None:
                     return False
                 temps.append(part)
@@ -368,7 +369,7 @@ class ShardCache:
                         f"rejected copies are in {self._layout.quarantine}.", shard=shard.path)
             final, local_hash = part, shard.xxh3_128
             if self._zstd:
-                final = materialise(part, lambda n: self._reserve_or_fail(i, n, held=shard.bytes))
+                final = materialise(part, lambda n: self._reserve_rewrite(i, n))
                 temps.append(final)
                 os.unlink(part)
                 local_hash = hash_file(final)[0]
@@ -409,7 +410,7 @@ class ShardCache:
             os.replace(path, self._layout.quarantined(i))
 
         # Kept for inspection only if that fits the budget without evicting needed shards.
-        if size == 0 or not self._with_room(i, size, True, keep):
+        if size == 0 or not self._budget.with_room(i, size, True, keep):
             os.unlink(path)
 
     def _commit(self, i: int, tmp: str, local_hash: str, prefetch: bool) -> bool:
@@ -428,124 +429,24 @@ class ShardCache:
                     local_hash, st.st_size, st.st_mtime_ns, self._zstd).write(
                         self._layout.sidecar(i))
 
-        return self._with_room(i, size, prefetch, install)
+        return self._budget.with_room(i, size, prefetch, install)
 
-    # -- the byte budget ------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _budget(self) -> Iterator[None]:
-        lock = FileLock(self._layout.budget_lock)
-        self._wait(lock, shared=False)
-        try:
-            yield
-        finally:
-            lock.release()
-
-    def _reserve(self, i: int, nbytes: int, kind: str, prefetch: bool, held: int) -> str | None:
-        """Create the temp file for ``nbytes`` in flight once the allowance has room.
-
-        Prefetches never wait (None = declined). ``held`` is what this very job already has
-        in flight; if that plus ``nbytes`` exceeds the allowance, waiting could never help.
-        """
-        if held + nbytes > self._allowance and self._allowance_is_default:
-            # The default only guessed the uncompressed size; the rewrite is now measured.
-            log.info("inflight_allowance grows from %d to %d bytes to materialise shard %d",
-                     self._allowance, held + nbytes, i)
-            self._allowance = held + nbytes
-        if held + nbytes > self._allowance:
-            raise CacheLimitError(
-                f"shard {i} ({self._manifest.shards[i].path!r}) needs {held + nbytes} bytes in "
-                f"flight at once (download plus uncompressed rewrite), more than "
-                f"inflight_allowance {self._allowance} bytes. Raise inflight_allowance to at "
-                f"least {held + nbytes}.")
-        deadline = time.monotonic() + _ROOM_WAIT_S
-        while True:
-            with self._budget():
-                if self._inflight() + nbytes <= self._allowance:
-                    path = self._layout.temp(i, nbytes, kind)
-                    open(path, "wb").close()
-                    return path
-            if prefetch:
-                return None
-            if time.monotonic() > deadline:
-                raise CacheLimitError(
-                    f"shard {i}: waited {_ROOM_WAIT_S:.0f}s for {nbytes} bytes of "
-                    f"inflight_allowance ({self._allowance} bytes) held by other downloads. "
-                    "Raise inflight_allowance or run fewer concurrent loaders on this node.")
-            if self._closed.wait(0.02):
-                raise CacheError("this ShardCache was closed while waiting to download.")
-
-    def _reserve_or_fail(self, i: int, nbytes: int, held: int) -> str:
-        path = self._reserve(i, nbytes, "mat", False, held)
-        if path is None:  # unreachable for foreground reservations; keeps the type exact
+    def _reserve_rewrite(self, i: int, nbytes: int) -> str:
+        shard = self._manifest.shards[i]
+        path = self._budget.reserve(i, nbytes, "mat", wait=True, held=shard.bytes,
+                                    what=repr(shard.path))
+        if path is None:  # unreachable with wait=True; keeps the type exact
             raise CacheError(f"shard {i}: no in-flight room to materialise.")
         return path
 
-    def _inflight(self, exclude: int | None = None) -> int:
-        """Bytes reserved by temp files of every process (except those of shard ``exclude``)."""
-        total = 0
-        for entry in os.scandir(self._layout.tmp):
-            info = Layout.temp_info(entry.name)
-            if info is not None and info[0] != exclude:
-                total += info[1]
-        return total
+    # -- eviction policy ----------------------------------------------------------------------------
+    def _victims(self, i: int, files: list[CommittedFile], prefetch: bool) -> list[CommittedFile]:
+        """Eviction candidates for admitting ``i``, best first: quarantined copies, then by policy.
 
-    def _committed(self) -> list[tuple[int | None, int, str]]:
-        """(shard index or None for quarantine, size, path) of every committed file."""
-        out: list[tuple[int | None, int, str]] = []
-        for entry in os.scandir(self._layout.quarantine):
-            with contextlib.suppress(FileNotFoundError):
-                out.append((None, entry.stat().st_size, entry.path))
-        for entry in os.scandir(self._layout.shards):
-            idx = Layout.data_index(entry.name)
-            with contextlib.suppress(FileNotFoundError):
-                out.append((idx, entry.stat().st_size, entry.path))
-        return out
-
-    def _with_room(self, i: int, need: int, prefetch: bool,
-                   action: Callable[[], None] | None = None) -> bool:
-        """Evict until ``need`` more bytes fit in ``limit``, then run ``action`` (budget held).
-
-        A prefetch only evicts shards needed later than ``i`` and never waits; a foreground
-        request evicts any unpinned shard and waits for other processes to unpin.
+        Belady: furthest next use first (never again = infinity), least recently used among
+        equals; a prefetch may only evict shards needed later than ``i``. LRU: least recently
+        used first; a prefetch evicts nothing but quarantined copies.
         """
-        if self._limit is None:  # nothing to decide, nothing to serialise
-            if action is not None:
-                action()
-            return True
-        deadline = time.monotonic() + _ROOM_WAIT_S
-        while True:
-            with self._budget():
-                if self._make_room(i, need, prefetch):
-                    if action is not None:
-                        action()
-                    return True
-            if prefetch:
-                return False
-            self._check_progress(i, need, deadline)
-            if self._closed.wait(0.05):
-                raise CacheError("this ShardCache was closed while waiting for room.")
-
-    def _make_room(self, i: int, need: int, prefetch: bool) -> bool:
-        if self._limit is None:
-            return True
-        files = self._committed()
-        used = sum(size for _, size, _ in files)
-        if prefetch:
-            # Other shards in flight will be committed soon and most are needed sooner (they
-            # were claimed earlier): count them, so a prefetch never takes their room.
-            used += self._inflight(exclude=i)
-        if used + need <= self._limit:
-            return True
-        for idx, size, path in self._victims(i, files, prefetch):
-            if self._evict(idx, path):
-                used -= size
-                if used + need <= self._limit:
-                    return True
-        return False
-
-    def _victims(self, i: int, files: list[tuple[int | None, int, str]],
-                 prefetch: bool) -> list[tuple[int | None, int, str]]:
-        """Eviction candidates, best first: quarantined copies, then by policy."""
         quarantined = [f for f in files if f[0] is None]
         with self._mutex:
             shards = [f for f in files
@@ -556,8 +457,8 @@ class ShardCache:
                 shards.sort(key=lambda f: self._last_used.get(f[0], 0))  # type: ignore[arg-type]
                 return quarantined + shards
             future = self._future
-            nxt = {f[0]: (future.next_use(f[0]) if future is not None and f[0] < self._manifest.num_shards  # type: ignore[arg-type]
-                          else math.inf) for f in shards}
+            nxt = {f[0]: future.next_use(f[0]) if future is not None else math.inf  # type: ignore[arg-type]
+                   for f in shards}
             mine = future.next_use(i) if future is not None else math.inf
             last = self._last_used
             if prefetch:
@@ -566,41 +467,15 @@ class ShardCache:
             shards.sort(key=lambda f: (-nxt[f[0]], last.get(f[0], 0)))  # type: ignore[index]
         return quarantined + shards
 
-    def _evict(self, idx: int | None, path: str) -> bool:
-        if idx is None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            return True
-        lock = FileLock(self._layout.lock(idx))
-        if not lock.acquire(shared=False, timeout=0):
-            return False  # pinned or being written by someone, somewhere on this node
-        try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._layout.sidecar(idx))
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        finally:
-            lock.release()
-        self._trusted.pop(idx, None)
-        self._counters.add("evictions")
-        return True
-
-    def _check_progress(self, i: int, need: int, deadline: float) -> None:
-        limit = self._limit or 0
+    def _own_pins(self, i: int) -> tuple[int, int]:
+        """(count, bytes) of the shards this process pins, other than ``i``."""
         with self._mutex:
-            mine = {p for p in self._pins if p != i}
-        pinned = sum(os.path.getsize(self._layout.data(p)) for p in mine
-                     if os.path.exists(self._layout.data(p)))
-        if pinned + need > limit:
-            raise CacheLimitError(
-                f"cache limit {limit} bytes is too small: this process pins {len(mine)} shards "
-                f"({pinned} bytes) and shard {i} needs {need} more. Raise cache_limit to at "
-                f"least {pinned + need} bytes, or pin fewer shards at once.")
-        if time.monotonic() > deadline:
-            raise CacheLimitError(
-                f"shard {i}: waited {_ROOM_WAIT_S:.0f}s for {need} bytes under cache limit "
-                f"{limit} bytes while other processes on this node pin the rest. Raise "
-                "cache_limit (it is shared by every process using this cache_dir).")
+            mine = [p for p in self._pins if p != i]
+        sizes = []
+        for p in mine:
+            with contextlib.suppress(FileNotFoundError):
+                sizes.append(os.path.getsize(self._layout.data(p)))
+        return len(mine), sum(sizes)
 
     # -- prefetching ------------------------------------------------------------------------------
     def _prefetch_loop(self) -> None:
@@ -640,78 +515,6 @@ class ShardCache:
                     self._claimed.add(s)
                     return s
         return None
-
-    # -- start-up repair ---------------------------------------------------------------------------
-    def _repair(self) -> None:
-        """Remove what a crash left behind; keep only files their sidecars vouch for."""
-        lay = self._layout
-        for entry in os.scandir(lay.tmp):
-            info = Layout.temp_info(entry.name)
-            if info is None or info[0] >= self._manifest.num_shards:
-                self._remove(entry.path, "foreign temp file")
-                continue
-            with self._try_lock(info[0]) as locked:
-                if locked:  # nobody is writing this shard: the temp file is a crash leftover
-                    self._remove(entry.path, "stale temp file")
-        for entry in os.scandir(lay.shards):
-            idx = Layout.data_index(entry.name)
-            if idx is None or idx >= self._manifest.num_shards or not entry.is_file():
-                self._remove(entry.path, "foreign file")
-                continue
-            with self._try_lock(idx) as locked:
-                if locked and not self._is_present(idx) and not self._readopt(idx):
-                    self._remove(entry.path, "unverified shard file")
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(lay.sidecar(idx))
-        for entry in os.scandir(lay.meta):
-            writing = Layout.meta_temp_index(entry.name)
-            if writing is not None:  # a sidecar being written under its shard's lock
-                with self._try_lock(writing) as locked:
-                    if locked:
-                        self._remove(entry.path, "stale sidecar temp file")
-                continue
-            idx = Layout.meta_index(entry.name)
-            if idx is None or not os.path.exists(lay.data(idx)):
-                self._remove(entry.path, "orphan sidecar")
-
-    def _readopt(self, i: int) -> bool:
-        """Re-hash a committed file its sidecar no longer vouches for; keep it if it verifies."""
-        path = self._layout.data(i)
-        st = os.stat(path)
-        if st.st_size == 0:
-            return False
-        side = Sidecar.read(self._layout.sidecar(i))
-        shard = self._manifest.shards[i]
-        if side is not None and side.source_xxh3_128 == shard.xxh3_128 and side.size == st.st_size:
-            expected = side.local_xxh3_128  # e.g. mtime touched by a copy tool
-        elif side is None and not self._zstd and st.st_size == shard.bytes:
-            expected = shard.xxh3_128  # committed but the sidecar was never written
-        else:
-            return False
-        if hash_file(path)[0] != expected:
-            return False
-        Sidecar(shard.xxh3_128, shard.bytes, expected, st.st_size, st.st_mtime_ns,
-                self._zstd).write(self._layout.sidecar(i))
-        return True
-
-    @contextlib.contextmanager
-    def _try_lock(self, i: int) -> Iterator[bool]:
-        lock = FileLock(self._layout.lock(i))
-        try:
-            yield lock.acquire(shared=False, timeout=0)
-        finally:
-            lock.release()
-
-    def _remove(self, path: str, why: str) -> None:
-        log.warning("cache repair: removing %s %s", why, path)
-        with contextlib.suppress(FileNotFoundError):
-            if os.path.isdir(path) and not os.path.islink(path):
-                import shutil
-
-                shutil.rmtree(path)
-            else:
-                os.unlink(path)
-        self._counters.add("repaired")
 
 
 def _reopen(manifest: Manifest, cache_dir: str, options: dict[str, Any]) -> ShardCache:
