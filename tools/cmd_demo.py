@@ -87,8 +87,8 @@ def run(args: argparse.Namespace) -> int:
           f"({args.workers} worker(s))")
     status = "OK" if not problems else f"{len(problems)} MISMATCHES"
     print(f"  verify    {t3 - t2:6.2f} s  {status}, {size / 1e6 / (t3 - t2):,.0f} MB/s")
-    print(f"  read      {t4 - t3:6.2f} s  {rows:,} rows into NumPy, {rows / (t4 - t3):,.0f} rows/s, "
-          f"{nbytes / 1e6 / (t4 - t3):,.0f} MB/s")
+    print(f"  read      {t4 - t3:6.2f} s  {rows:,} rows into NumPy, "
+          f"{rows / (t4 - t3):,.0f} rows/s, {nbytes / 1e6 / (t4 - t3):,.0f} MB/s")
     print(f"  fingerprint {manifest.fingerprint}")
     for line in problems:
         print(f"MISMATCH {line}", file=sys.stderr)
