@@ -30,6 +30,8 @@ import threading
 from typing import Any, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
+import numpy as np
+
 from stoker.cache.budget import Budget, CommittedFile
 from stoker.cache.errors import CacheError, CacheLimitError
 from stoker.cache.fetch import Fetcher, Job, Mismatch, download
@@ -78,6 +80,9 @@ class ShardCache:
         prefetch_ahead: how many distinct upcoming shards the prefetchers look at.
         eviction: ``"belady"`` (default; uses :meth:`set_future`) or ``"lru"`` (for
             comparison; prefetching then uses free space only).
+        max_pinned: how many shards the caller pins at once at most (a reader keeping several
+            shards open). ``limit`` must hold that many of the largest shards plus one being
+            admitted, checked here so that a too-small limit fails at start, not mid-epoch.
 
     Raises:
         CacheLimitError: ``limit`` or ``inflight_allowance`` cannot hold the largest shard.
@@ -88,7 +93,7 @@ class ShardCache:
                  limit: int | str | None = None, storage_options: Mapping[str, Any] | None = None,
                  inflight_allowance: int | str | None = None, retry: RetryPolicy | None = None,
                  prefetch_workers: int = 2, prefetch_ahead: int = 8,
-                 eviction: str = "belady") -> None:
+                 eviction: str = "belady", max_pinned: int = 1) -> None:
         if not isinstance(manifest, Manifest):
             raise TypeError(f"manifest must be a stoker Manifest, got {type(manifest).__name__}.")
         if manifest.root is None:
@@ -98,6 +103,8 @@ class ShardCache:
             raise ValueError(f"prefetch_workers must be an int >= 0, got {prefetch_workers!r}.")
         if not isinstance(prefetch_ahead, int) or prefetch_ahead < 1:
             raise ValueError(f"prefetch_ahead must be an int >= 1, got {prefetch_ahead!r}.")
+        if not isinstance(max_pinned, int) or max_pinned < 1:
+            raise ValueError(f"max_pinned must be an int >= 1, got {max_pinned!r}.")
         if eviction not in _POLICIES:
             raise ValueError(f"eviction must be one of {_POLICIES}, got {eviction!r}.")
         self._manifest = manifest
@@ -105,11 +112,11 @@ class ShardCache:
         self._options = {"limit": limit, "storage_options": storage_options,
                          "inflight_allowance": inflight_allowance, "retry": retry,
                          "prefetch_workers": prefetch_workers, "prefetch_ahead": prefetch_ahead,
-                         "eviction": eviction}
+                         "eviction": eviction, "max_pinned": max_pinned}
         self._cache_dir = os.fspath(cache_dir)
         self._zstd = manifest.compression == "zstd"
         self._limit = None if limit is None else parse_size(limit, "limit")
-        allowance = self._check_budget(inflight_allowance)
+        allowance = self._check_budget(inflight_allowance, max_pinned)
         self._policy = retry if retry is not None else RetryPolicy()
         self._eviction = eviction
         self._prefetch_ahead = prefetch_ahead
@@ -225,7 +232,7 @@ class ShardCache:
                 f"shards={self._manifest.num_shards}, eviction={self._eviction!r})")
 
     # -- validation -------------------------------------------------------------------------
-    def _check_budget(self, inflight_allowance: int | str | None) -> int:
+    def _check_budget(self, inflight_allowance: int | str | None, max_pinned: int) -> int:
         sizes = self._manifest.shard_bytes
         largest = int(sizes.max()) if sizes.size else 0
         big = int(sizes.argmax()) if sizes.size else 0
@@ -235,6 +242,15 @@ class ShardCache:
                 f"({self._manifest.shards[big].path!r}, {largest} bytes), so no progress is "
                 f"possible. Raise cache_limit to at least {largest} bytes; several times that "
                 "leaves room for prefetching and for the shards the loader pins at once.")
+        if self._limit is not None and max_pinned > 1:
+            k = min(max_pinned + 1, int(sizes.size))
+            need = int(np.sort(sizes)[-k:].sum())
+            if self._limit < need:
+                raise CacheLimitError(
+                    f"cache limit {_human(self._limit)} ({self._limit} bytes) cannot hold the "
+                    f"{max_pinned} shards the reader keeps open at once plus the one it admits "
+                    f"next ({need} bytes for the largest {k}). Raise cache_limit to at least "
+                    f"{need} bytes, or keep fewer shards open.")
         if inflight_allowance is None:
             return 2 * largest * (_ZSTD_FOOTPRINT if self._zstd else 1)
         allowance = parse_size(inflight_allowance, "inflight_allowance")

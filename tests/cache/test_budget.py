@@ -148,3 +148,11 @@ def test_disk_use_stays_within_limit_plus_allowance(dataset, tmp_path: Path) -> 
     assert len(samples) > 50 and stats.evictions > 0 and stats.prefetches > 0
     assert max(c for c, _ in samples) <= limit
     assert max(t for _, t in samples) <= limit + allowance
+
+
+def test_limit_too_small_for_the_readers_open_shards_fails_at_start(dataset, tmp_path) -> None:
+    _, manifest, size = _equal_shards(dataset, 6)
+    with pytest.raises(CacheLimitError, match=r"4 shards the reader keeps open.*at least "
+                       + str(5 * size)):
+        ShardCache(manifest, tmp_path / "c", limit=5 * size - 1, max_pinned=4)
+    ShardCache(manifest, tmp_path / "c", limit=5 * size, max_pinned=4).close()
