@@ -510,15 +510,16 @@ class ShardCache:
                     finally:
                         lock.release()
             except Exception as exc:  # noqa: BLE001 - the foreground request retries and reports
-                log.warning("prefetch of shard %d failed (%s: %s); it will be fetched on demand",
-                            i, type(exc).__name__, self._scrub(str(exc)))
-                with self._mutex:
-                    self._prefetch_failed.add(i)
+                if not self._closed.is_set():  # else cancelled by close(): nothing to report
+                    log.warning("prefetch of shard %d failed (%s: %s); it will be fetched on "
+                                "demand", i, type(exc).__name__, self._scrub(str(exc)))
+                    with self._mutex:
+                        self._prefetch_failed.add(i)
             finally:
                 with self._wake:
                     self._claimed.discard(i)
-                    if declined:  # no room ahead of need: wait for the reader to move on
-                        self._wake.wait(0.2)
+                    if declined and not self._closed.is_set():
+                        self._wake.wait(0.2)  # no room ahead of need: let the reader move on
 
     def _claim_next(self) -> int | None:
         with self._mutex:
