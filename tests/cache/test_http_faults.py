@@ -56,11 +56,15 @@ def test_interrupted_download_resumes_with_a_range_request(dataset, fault_server
     assert s.bytes_fetched == size  # nothing downloaded twice
 
 
-@pytest.mark.parametrize("status", [503, 429])
-def test_retry_after_is_honoured(dataset, fault_server, tmp_path, status) -> None:
+@pytest.mark.parametrize(("status", "form"), [(503, "seconds"), (429, "http-date")])
+def test_retry_after_is_honoured(dataset, fault_server, tmp_path, status, form) -> None:
+    import email.utils
+
     root, _ = dataset(n_shards=1)
     manifest = _serve(fault_server, root)
-    fault_server.plan(SHARD, Fault.status_code(status, retry_after=1))
+    # An HTTP date has whole seconds: 2 s ahead means a wait of more than 1 s.
+    after = 1 if form == "seconds" else email.utils.formatdate(time.time() + 2, usegmt=True)
+    fault_server.plan(SHARD, Fault.status_code(status, retry_after=after))
     start = time.monotonic()
     with _cache(manifest, tmp_path) as cache:
         _check(cache, root, manifest)
