@@ -167,17 +167,19 @@ class DataLoader:
             manifest = dataset if isinstance(dataset, Manifest) else \
                 Manifest.load(os.fspath(dataset), storage_options)
             self.location = redact_url(manifest.root or "")
-            opener = None
-            if cache_dir is not None or _is_remote(manifest.root):
-                from stoker.loader.remote import open_cache
-
-                self._cache, opener = open_cache(manifest, cache_dir, cache_limit, storage_options)
             if batch_size is None:
                 raise ValueError("batch_size=None (no batching) is supported for map-style torch "
                                  "datasets only; pass batch_size >= 1 for a stoker dataset.")
-            # With a cache, every open shard holds a pin: keep the open set near the rank's
-            # live window (about two shards per owned partition) so the budget can hold it.
-            max_open = 256 if opener is None else 2 * (partitions or 16) + self.num_workers + 2
+            opener, max_open = None, 256
+            if cache_dir is not None or _is_remote(manifest.root):
+                from stoker.loader.remote import open_cache
+
+                # Every open shard holds a cache pin: keep the open set near the rank's live
+                # window (about two shards per owned partition) so the budget can hold it.
+                owned = -(-(partitions or OrderOptions().partitions) // self.world_size)
+                max_open = 2 * owned + self.num_workers + 2
+                self._cache, opener = open_cache(manifest, cache_dir, cache_limit,
+                                                 storage_options, max_open)
             source = ArrowSource(manifest, columns=columns, features=features, opener=opener,
                                  max_open=max_open, categoricals=self._categoricals,
                                  image=self._image, pin=self._pin_source)

@@ -25,7 +25,8 @@ from stoker.manifest.errors import ManifestError
 from stoker.manifest.hashing import canonical_json, hash_bytes
 from stoker.manifest.paths import check_relative_path, is_url, join_location, redact_url
 
-__all__ = ["FORMAT", "MANIFEST_NAME", "Manifest", "ShardInfo", "compute_fingerprint", "describe_schema"]
+__all__ = ["FORMAT", "MANIFEST_NAME", "Manifest", "ShardInfo", "compute_fingerprint", "decode_runs",
+           "describe_schema", "encode_runs"]
 
 FORMAT = "stoker/1"
 MANIFEST_NAME = "manifest.json"
@@ -49,10 +50,27 @@ class ShardInfo:
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"path": self.path, "rows": self.rows, "bytes": self.bytes,
-                             "xxh3_128": self.xxh3_128, "batch_rows": list(self.batch_rows)}
+                             "xxh3_128": self.xxh3_128, "batches": encode_runs(self.batch_rows)}
         if self.extra:
             d["extra"] = dict(self.extra)
         return d
+
+
+def encode_runs(batch_rows: Sequence[int]) -> list[list[int]]:
+    """Record-batch row counts as ``[rows, repeat]`` runs: a shard cut by bytes has all
+    batches equal but the last, so 64 batches take two pairs instead of 64 numbers."""
+    runs: list[list[int]] = []
+    for rows in batch_rows:
+        if runs and runs[-1][0] == rows:
+            runs[-1][1] += 1
+        else:
+            runs.append([int(rows), 1])
+    return runs
+
+
+def decode_runs(runs: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """Inverse of :func:`encode_runs`."""
+    return tuple(rows for rows, repeat in runs for _ in range(repeat))
 
 
 def describe_schema(schema: pa.Schema) -> dict[str, Any]:
@@ -219,7 +237,7 @@ class Manifest:
     @cached_property
     def shards(self) -> tuple[ShardInfo, ...]:
         return tuple(ShardInfo(s["path"], s["rows"], s["bytes"], s["xxh3_128"],
-                               tuple(s["batch_rows"]), s.get("extra", {}))
+                               decode_runs(s["batches"]), s.get("extra", {}))
                      for s in self._doc["shards"])
 
     @cached_property
@@ -245,8 +263,18 @@ class Manifest:
         return json.loads(json.dumps(self._doc))
 
     def to_json(self) -> bytes:
-        """The manifest file's exact bytes (sorted keys, indented, trailing newline)."""
-        return (json.dumps(self._doc, sort_keys=True, indent=1, ensure_ascii=True) + "\n").encode()
+        """The manifest file's exact bytes: sorted keys, one shard per line, trailing newline.
+
+        Everything but the shard list is indented by one space; each shard is one compact
+        line, which keeps a 100,000-shard manifest small and quick to parse but still
+        readable and diff-able. ``"shards"`` sorts last among the top-level keys.
+        """
+        head = {k: v for k, v in self._doc.items() if k != "shards"}
+        text = json.dumps(head, sort_keys=True, indent=1, ensure_ascii=True)
+        lines = ",\n  ".join(json.dumps(s, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+                             for s in self._doc["shards"])
+        shards = f'"shards": [\n  {lines}\n ]' if lines else '"shards": []'
+        return f"{text[:-2]},\n {shards}\n}}\n".encode()
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
         """Write ``manifest.json`` atomically (temp file + fsync + rename) into ``directory``."""
@@ -286,7 +314,7 @@ def _check_consistency(doc: dict[str, Any], source: str) -> None:
     """
     shards = doc["shards"]
     paths = [s["path"] for s in shards]
-    bad = _UNSAFE_PATHS.search("\n".join(paths))
+    bad = _UNSAFE_PATHS.search("\n".join(paths)) if paths else None
     if bad is not None:
         i = bad.string.count("\n", 0, bad.start())
         check_relative_path(paths[i], f"shards[{i}].path")
@@ -301,11 +329,12 @@ def _check_consistency(doc: dict[str, Any], source: str) -> None:
             seen.add(path)
     total = 0
     for i, s in enumerate(shards):
-        if sum(s["batch_rows"]) != s["rows"]:
+        in_batches = sum(rows * repeat for rows, repeat in s["batches"])
+        if in_batches != s["rows"]:
             raise ManifestError(
-                f"{source}: field 'shards[{i}].batch_rows' adds up to {sum(s['batch_rows'])} but "
+                f"{source}: field 'shards[{i}].batches' adds up to {in_batches} rows but "
                 f"'shards[{i}].rows' is {s['rows']}; the two must agree. Re-create the dataset.",
-                field=f"shards[{i}].batch_rows")
+                field=f"shards[{i}].batches")
         total += s["rows"]
     if total != doc["num_samples"]:
         raise ManifestError(

@@ -72,7 +72,7 @@ def _refit(doc: dict) -> dict:
         (lambda d: d["shards"][1].update(path="shards/../../x"), "shards[1].path"),
         (lambda d: d["shards"][2].update(path=d["shards"][0]["path"]), "shards[2].path"),
         (lambda d: d.update(num_samples=34), "num_samples"),
-        (lambda d: d["shards"][0].update(rows=11), "shards[0].batch_rows"),
+        (lambda d: d["shards"][0].update(rows=11), "shards[0].batches"),
         (lambda d: d["shards"][0].update(rows=-1), "shards[0].rows"),
         (lambda d: d["shards"][0].pop("xxh3_128"), "shards[0]"),
         (lambda d: d.update(compression="lz4"), "compression"),
@@ -114,3 +114,21 @@ def test_wrong_version_names_the_version(tmp_path: Path) -> None:
 def test_missing_manifest(tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match="no manifest found"):
         Manifest.load(tmp_path / "nowhere")
+
+
+def test_batches_are_run_length_encoded_and_empty_manifests_work(tmp_path: Path) -> None:
+    from stoker.manifest.manifest import decode_runs, encode_runs
+
+    for rows in [(), (5,), (4, 4, 4, 1), (1, 2, 2, 1, 1)]:
+        assert decode_runs(encode_runs(rows)) == rows
+    assert encode_runs((4, 4, 4, 1)) == [[4, 3], [1, 1]]
+    empty = Manifest.create(schema=SCHEMA, shards=[], sources=[], options={}, stoker_version="0")
+    empty.save(tmp_path)
+    assert Manifest.load(tmp_path).num_samples == 0
+    assert json.loads((tmp_path / "manifest.json").read_text()) == empty.to_dict()
+
+
+def test_one_shard_per_line(tmp_path: Path) -> None:
+    _manifest(n_shards=4).save(tmp_path)
+    lines = (tmp_path / "manifest.json").read_text().splitlines()
+    assert sum(1 for line in lines if line.lstrip().startswith('{"batches"')) == 4

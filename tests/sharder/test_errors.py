@@ -101,12 +101,19 @@ def test_unwritable_dst(tmp_path: Path) -> None:
         shard(tmp_path / "a.parquet", tmp_path / "file")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
 def test_read_only_dst(tmp_path: Path) -> None:
+    """Root ignores permission bits, so as root the parent is a read-only filesystem."""
     pq.write_table(_table(), tmp_path / "a.parquet")
-    (tmp_path / "ro").mkdir(mode=0o555)
-    with pytest.raises(SharderError, match="is not writable"):
-        shard(tmp_path / "a.parquet", tmp_path / "ro" / "out")
+    ro = tmp_path / "ro"
+    mounted = os.geteuid() == 0 and _mount_tmpfs(ro, "1m", "ro")
+    if not mounted:
+        ro.mkdir(mode=0o555, exist_ok=True)
+    try:
+        with pytest.raises(SharderError, match="is not writable"):
+            shard(tmp_path / "a.parquet", ro / "out")
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(ro)], check=False)
 
 
 def test_non_empty_dst_and_finished_dataset_need_overwrite(tmp_path: Path) -> None:
@@ -181,9 +188,10 @@ def test_disk_full_cleans_up_and_resumes(tmp_path: Path, monkeypatch: pytest.Mon
     assert tree_bytes(dst) == tree_bytes(tmp_path / "ref")
 
 
-def _mount_tmpfs(path: Path, size: str) -> bool:
+def _mount_tmpfs(path: Path, size: str, *flags: str) -> bool:
     path.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+    options = ",".join((f"size={size}", *flags))
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
                           capture_output=True)
     return done.returncode == 0
 
