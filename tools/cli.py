@@ -61,6 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"stoker {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `stoker ... | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
