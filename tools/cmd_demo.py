@@ -8,10 +8,11 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parser", "read_back", "run"]
+__all__ = ["ReadResult", "add_parser", "read_back", "run"]
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -29,27 +30,65 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def read_back(dataset: str | os.PathLike[str]) -> tuple[int, int]:
-    """Read every shard into NumPy (memory-mapped Arrow IPC); return (rows, bytes) read.
+@dataclass(frozen=True)
+class ReadResult:
+    """What the demo's read step measured."""
 
-    The one reading step of the demo: it will use ``stoker.loader.DataLoader`` once it exists.
+    rows: int
+    nbytes: int
+    seconds: float
+    stats: dict[str, Any]
+    resume_exact: bool
+    resume_at: int
+    batches: int
+
+
+def read_back(dataset: str | os.PathLike[str], seed: int) -> ReadResult:
+    """Read one shuffled epoch with ``stoker.loader.DataLoader``, then prove exact resume.
+
+    The epoch is read with 2 worker threads into ``features`` [B, 64] float32,
+    ``categoricals`` [B, 8] int64, ``seq`` [B, 16] float32 and ``label`` [B] int64. Then a new
+    loader stops half way, saves its state, and a third loader with no workers continues
+    from it: the batch digests must equal the uninterrupted epoch's.
     """
-    import pyarrow as pa
+    import xxhash
 
-    from stoker.manifest import Manifest
+    from stoker.loader import DataLoader
 
-    manifest = Manifest.load(dataset)
+    kw: dict[str, Any] = dict(
+        batch_size=1024, shuffle=True, seed=seed, columns=["seq", "label"],
+        features=[f"f{i}" for i in range(64)], categoricals=[f"c{i}" for i in range(8)])
+
+    def digest(batch: dict[str, Any]) -> str:
+        h = xxhash.xxh3_64()
+        for key in ("features", "categoricals", "seq", "label"):
+            h.update(batch[key].numpy().tobytes())
+        return h.hexdigest()
+
+    loader = DataLoader(dataset, num_workers=2, **kw)
     rows = nbytes = 0
-    for i in range(manifest.num_shards):
-        with pa.memory_map(manifest.shard_location(i)) as source:
-            reader = pa.ipc.open_file(source)
-            for b in range(reader.num_record_batches):
-                batch = reader.get_batch(b)
-                for column in batch.columns:
-                    values = column.flatten() if pa.types.is_list(column.type) else column
-                    nbytes += values.to_numpy(zero_copy_only=False).nbytes
-                rows += batch.num_rows
-    return rows, nbytes
+    digests = []
+    t0 = time.perf_counter()
+    for batch in loader:
+        rows += len(batch["label"])
+        nbytes += sum(batch[k].numel() * batch[k].element_size()
+                      for k in ("features", "categoricals", "seq", "label"))
+        digests.append(digest(batch))
+    seconds = time.perf_counter() - t0
+    stats = loader.stats.as_dict()
+    loader.close()
+
+    half = len(digests) // 2
+    first = DataLoader(dataset, num_workers=2, **kw)
+    it = iter(first)
+    before = [digest(next(it)) for _ in range(half)]
+    state = first.state_dict()
+    first.close()
+    second = DataLoader(dataset, num_workers=0, **kw)
+    second.load_state_dict(state)
+    after = [digest(b) for b in second]
+    second.close()
+    return ReadResult(rows, nbytes, seconds, stats, before + after == digests, half, len(digests))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,8 +112,7 @@ def run(args: argparse.Namespace) -> int:
         t2 = time.perf_counter()
         problems = find_mismatches(manifest)
         t3 = time.perf_counter()
-        rows, nbytes = read_back(dataset)
-        t4 = time.perf_counter()
+        read = read_back(dataset, args.seed)
     finally:
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)
@@ -87,9 +125,15 @@ def run(args: argparse.Namespace) -> int:
           f"({args.workers} worker(s))")
     status = "OK" if not problems else f"{len(problems)} MISMATCHES"
     print(f"  verify    {t3 - t2:6.2f} s  {status}, {size / 1e6 / (t3 - t2):,.0f} MB/s")
-    print(f"  read      {t4 - t3:6.2f} s  {rows:,} rows into NumPy, "
-          f"{rows / (t4 - t3):,.0f} rows/s, {nbytes / 1e6 / (t4 - t3):,.0f} MB/s")
+    print(f"  read      {read.seconds:6.2f} s  {read.rows:,} rows, shuffled, into batch tensors "
+          f"with stoker.loader.DataLoader: {read.rows / read.seconds:,.0f} rows/s, "
+          f"{read.nbytes / 1e6 / read.seconds:,.0f} MB/s, first batch "
+          f"{(read.stats['first_batch_s'] or 0) * 1e3:.0f} ms, "
+          f"data stall {read.stats['data_stall_share']:.0%}")
+    verdict = "exact" if read.resume_exact else "MISMATCH"
+    print(f"  resume    {verdict}: stopped after batch {read.resume_at} of {read.batches}, "
+          "saved state_dict(), continued with another worker count")
     print(f"  fingerprint {manifest.fingerprint}")
     for line in problems:
         print(f"MISMATCH {line}", file=sys.stderr)
-    return 1 if problems or rows != args.rows else 0
+    return 1 if problems or read.rows != args.rows or not read.resume_exact else 0

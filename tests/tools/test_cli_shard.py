@@ -104,7 +104,7 @@ def test_demo_runs_end_to_end(tmp_path: Path, capsys) -> None:
                         "--workers", "1")
     assert code == 0
     assert "5,000 rows x 74 columns" in out and "verify" in out and "OK" in out
-    assert "5,000 rows into NumPy" in out
+    assert "5,000 rows, shuffled" in out and "resume    exact" in out
     assert (tmp_path / "demo" / "stoker-demo-dataset" / "manifest.json").exists()
 
 
