@@ -23,6 +23,8 @@ _EXTENSIONS = {
     "parquet": (".parquet", ".pq", ".parq"),
     "csv": (".csv", ".csv.zst"),
     "jsonl": (".jsonl", ".ndjson", ".json", ".jsonl.zst", ".ndjson.zst", ".json.zst"),
+    "webdataset": (".tar", ".tgz", ".tar.gz", ".tar.zst"),
+    "tokens": (".npy", ".bin"),
 }
 _GLOB_MAGIC = re.compile(r"[*?[]")
 _HIVE_DEFAULT = "__HIVE_DEFAULT_PARTITION__"

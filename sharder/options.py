@@ -14,7 +14,7 @@ __all__ = ["BATCH_BYTES", "DEFAULT_SHARD_SIZE", "FORMATS", "ShardOptions"]
 BATCH_BYTES = 4 << 20
 #: Shard size used when neither ``shard_size`` nor ``rows_per_shard`` is given.
 DEFAULT_SHARD_SIZE = 256 * 10**6
-FORMATS = ("csv", "jsonl", "parquet")
+FORMATS = ("csv", "jsonl", "parquet", "webdataset", "imagefolder", "hf", "tokens")
 _COMPRESSIONS = ("none", "zstd")
 
 
@@ -30,6 +30,8 @@ class ShardOptions:
         columns: columns to keep, in this order; ``None`` keeps all.
         format: ``"parquet"``, ``"csv"`` or ``"jsonl"``; ``None`` detects by extension.
         batch_bytes: target uncompressed bytes per record batch.
+        token_dtype: ``"uint16"`` or ``"uint32"`` for token files (required for raw ``.bin``).
+        seq_len: tokens per sequence for token files (see stoker.sharder.source_tokens).
     """
 
     rows_per_shard: int | None = None
@@ -38,6 +40,8 @@ class ShardOptions:
     columns: tuple[str, ...] | None = None
     format: str | None = None
     batch_bytes: int = BATCH_BYTES
+    token_dtype: str | None = None
+    seq_len: int | None = None
 
     def __post_init__(self) -> None:
         if self.rows_per_shard is not None and self.shard_size is not None:
@@ -70,6 +74,13 @@ class ShardOptions:
                 or self.batch_bytes < 1:
             raise ShardOptionsError(f"batch_bytes={self.batch_bytes!r} must be a positive "
                                     "integer number of bytes.")
+        if self.token_dtype is not None and self.token_dtype not in ("uint16", "uint32"):
+            raise ShardOptionsError(f"token_dtype={self.token_dtype!r} is not supported; use "
+                                    "uint16 or uint32.")
+        if self.seq_len is not None and (isinstance(self.seq_len, bool)
+                                         or not isinstance(self.seq_len, int) or self.seq_len < 1):
+            raise ShardOptionsError(f"seq_len={self.seq_len!r} must be a positive integer, "
+                                    "e.g. 1024.")
 
     @property
     def target_shard_bytes(self) -> int:

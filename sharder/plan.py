@@ -22,6 +22,7 @@ from stoker.sharder.errors import SharderError
 from stoker.sharder.inputs import InputFile
 from stoker.sharder.options import ShardOptions
 from stoker.sharder.readers import FileScan, read_head, scan_file
+from stoker.sharder.sources import source_options
 
 __all__ = ["SAMPLE_ROWS", "Plan", "make_plan"]
 
@@ -115,7 +116,8 @@ def make_plan(inputs: Sequence[InputFile], options: ShardOptions) -> Plan:
     """
     scans = tuple(scan_file(f) for f in inputs)
     fmt = inputs[0].format
-    file_schema = _unify(inputs, scans, strict=(fmt == "parquet"), same_columns=(fmt != "jsonl"))
+    file_schema = _unify(inputs, scans, strict=(fmt in ("parquet", "hf")),
+                         same_columns=(fmt != "jsonl"))
     partition_fields, partition_values = _partition_columns(inputs, file_schema)
     full = pa.schema(list(file_schema) + list(partition_fields))
     schema = _select(full, options.columns)
@@ -128,7 +130,8 @@ def make_plan(inputs: Sequence[InputFile], options: ShardOptions) -> Plan:
     rows_per_shard = options.rows_per_shard or _rows_for_bytes(plan, options.target_shard_bytes)
     resolved = {"rows_per_shard": rows_per_shard, "compression": options.compression,
                 "columns": None if options.columns is None else list(options.columns),
-                "format": fmt, "batch_bytes": options.batch_bytes}
+                "format": fmt, "batch_bytes": options.batch_bytes,
+                **source_options(inputs, scans)}
     return Plan(tuple(inputs), scans, file_schema, partition_fields, partition_values, schema,
                 rows_per_shard, resolved, offsets)
 

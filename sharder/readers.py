@@ -25,6 +25,9 @@ from stoker.sharder.inputs import InputFile
 
 __all__ = ["FileScan", "RangeReader", "read_head", "read_rows", "scan_file"]
 
+# Formats read here; the others (webdataset, imagefolder, hf, tokens): stoker.sharder.sources.
+_TABULAR = ("parquet", "csv", "jsonl")
+
 
 @dataclass(frozen=True, slots=True)
 class FileScan:
@@ -72,6 +75,10 @@ def scan_file(inp: InputFile) -> FileScan:
         SharderError: the file is unreadable or not valid in its format.
     """
     with _guard(inp):
+        if inp.format not in _TABULAR:
+            from stoker.sharder.sources import scan_source
+
+            return scan_source(inp)
         if inp.format == "parquet":
             meta = pq.ParquetFile(inp.path).metadata
             groups = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
@@ -142,6 +149,10 @@ class RangeReader:
         with _guard(inp):
             if inp.format == "parquet":
                 table = _parquet_rows(inp, columns, row_groups, start, stop)
+            elif inp.format not in _TABULAR:
+                from stoker.sharder.sources import read_source
+
+                table = read_source(inp, columns, start, stop, schema)
             else:
                 table = self._text_rows(inp, schema, columns, start, stop)
             return _checked(inp, table, schema, columns, start, stop)

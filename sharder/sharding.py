@@ -12,10 +12,11 @@ from stoker.manifest import Manifest, ShardInfo, stoker_version
 from stoker.sharder.build import Build, check_destination, clear_directory, remove_temp_files
 from stoker.sharder.errors import SharderError
 from stoker.sharder.executor import Executor, LocalExecutor
-from stoker.sharder.inputs import discover_inputs, source_roots
+from stoker.sharder.inputs import source_roots
 from stoker.sharder.options import ShardOptions
 from stoker.sharder.plan import Plan, make_plan
 from stoker.sharder.progress import progress_bar
+from stoker.sharder.sources import discover, manifest_classes
 from stoker.sharder.writer import HashTask, ShardGroup, ShardTask, Task, run_task
 
 __all__ = ["shard"]
@@ -29,7 +30,8 @@ def shard(src: Source | Sequence[Source], dst: Source, *, rows_per_shard: int | 
           shard_size: int | str | None = None, compression: str = "none",
           columns: Sequence[str] | None = None, workers: int = 1, overwrite: bool = False,
           format: str | None = None, progress: bool | None = None,
-          executor: Executor | None = None) -> Manifest:
+          executor: Executor | None = None, token_dtype: str | None = None,
+          seq_len: int | None = None) -> Manifest:
     """Convert ``src`` into a stoker dataset at ``dst`` and return its manifest.
 
     The plan (sorted inputs, exact rows, shard boundaries) is a pure function of the inputs
@@ -38,7 +40,8 @@ def shard(src: Source | Sequence[Source], dst: Source, *, rows_per_shard: int | 
     again with the same arguments; ``manifest.json`` is written last.
 
     Args:
-        src: Parquet/CSV/JSONL file, directory (hive partitions become columns) or glob,
+        src: Parquet/CSV/JSONL/tar/token file, directory (hive partitions become columns; an
+            image-folder tree; a save_to_disk directory) or glob,
             or a list of them.
         dst: output directory: new, empty, or a build in progress; anything else needs
             ``overwrite=True``.
@@ -50,9 +53,12 @@ def shard(src: Source | Sequence[Source], dst: Source, *, rows_per_shard: int | 
             ``forkserver`` (``spawn`` where missing), which imports ``__main__``: a script
             calling ``shard(workers=N)`` needs the ``if __name__ == "__main__":`` guard.
         overwrite: replace an existing dataset or non-empty directory at ``dst``.
-        format: ``"parquet"``, ``"csv"`` or ``"jsonl"``; detected from extensions if omitted.
+        format: ``"parquet"``, ``"csv"``, ``"jsonl"``, ``"webdataset"``, ``"imagefolder"``,
+            ``"hf"`` or ``"tokens"``; detected (extensions, directory layout) if omitted.
         progress: show a progress bar on stderr; ``None`` shows one when stderr is a terminal.
-        executor: run tasks on this engine instead of a local pool of ``workers``.
+        executor: run tasks on this engine instead of a local pool of ``workers``
+            (e.g. ``stoker.sharder.executor_dask.DaskExecutor``).
+        token_dtype, seq_len: for token files (see stoker.sharder.source_tokens).
 
     Raises:
         SharderError: bad or missing input, schema mismatch, no rows, unusable ``dst``,
@@ -61,10 +67,11 @@ def shard(src: Source | Sequence[Source], dst: Source, *, rows_per_shard: int | 
     sources = [src] if isinstance(src, (str, os.PathLike)) else list(src)
     options = ShardOptions(rows_per_shard=rows_per_shard, shard_size=shard_size,
                            compression=compression,
-                           columns=None if columns is None else tuple(columns), format=format)
+                           columns=None if columns is None else tuple(columns), format=format,
+                           token_dtype=token_dtype, seq_len=seq_len)
     LocalExecutor(workers)  # validates ``workers`` before any work is done
     dst_path = Path(os.path.abspath(os.fspath(dst)))
-    inputs = discover_inputs(sources, options.format)
+    inputs = discover(sources, options)
     _check_not_nested(sources, [f.path for f in inputs], dst_path)
     state = check_destination(dst_path, overwrite)
     plan = make_plan(inputs, options)
@@ -143,7 +150,8 @@ def _manifest(plan: Plan, shards: dict[int, dict[str, Any]],
                for r in (hashed[i] for i in range(len(plan.inputs)))]
     return Manifest.create(schema=plan.schema, shards=infos, sources=sources,
                            options=plan.options, stoker_version=stoker_version(),
-                           compression=plan.options["compression"])
+                           compression=plan.options["compression"],
+                           classes=manifest_classes(plan.inputs))
 
 
 def _check_not_nested(sources: Sequence[Source], inputs: Sequence[str], dst: Path) -> None:

@@ -15,10 +15,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from stoker.manifest import canonical_json, hash_file
+from stoker.manifest import canonical_json
 from stoker.sharder.assemble import Piece, assemble_table
 from stoker.sharder.atomic import atomic_write, write_bytes_atomic
 from stoker.sharder.readers import RangeReader
+from stoker.sharder.sources import hash_source
 
 __all__ = ["HashTask", "ShardGroup", "ShardTask", "batch_rows_for", "read_record", "run_task",
            "write_table"]
@@ -64,7 +65,7 @@ Task = ShardTask | ShardGroup | HashTask
 def run_task(task: Task) -> list[dict[str, Any]]:
     """Run one task; return its (JSON-able) results, each also saved as a done-record."""
     if isinstance(task, HashTask):
-        digest, size = hash_file(task.path)
+        digest, size = hash_source(task.path)
         result: dict[str, Any] = {"kind": "source", "index": task.index, "path": task.rel,
                                   "bytes": size, "xxh3_128": digest, "rows": 0}
         write_bytes_atomic(task.record, canonical_json(result))

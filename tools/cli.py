@@ -22,6 +22,8 @@ _COMMANDS: tuple[str, ...] = (
     "inspect",
     "demo",
     "audit",
+    "index",
+    "export",
 )
 
 

@@ -30,8 +30,22 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="processes writing shards (default 1)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing dataset or non-empty directory at DST")
-    p.add_argument("--format", choices=("parquet", "csv", "jsonl"),
-                   help="input format (default: detected from file extensions)")
+    p.add_argument("--format", choices=("parquet", "csv", "jsonl", "webdataset", "imagefolder",
+                                        "hf", "tokens"),
+                   help="input format (default: detected from file extensions; a directory of "
+                   "class folders is imagefolder, a save_to_disk directory is hf)")
+    p.add_argument("--token-dtype", choices=("uint16", "uint32"),
+                   help="token files: element type (required for raw .bin)")
+    p.add_argument("--seq-len", type=int, metavar="N",
+                   help="token files: tokens per sequence (the tail of each file is dropped "
+                   "and recorded)")
+    p.add_argument("--engine", choices=("local", "dask"), default="local",
+                   help="local process pool (default) or Dask distributed (pip install "
+                   "'stoker[dask]'); the output bytes are the same")
+    p.add_argument("--scheduler", metavar="ADDR",
+                   help="with --engine dask: a running scheduler, e.g. tcp://10.0.0.5:8786 "
+                   "(DST must be on storage every worker sees); default: a local cluster of "
+                   "--workers processes")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary")
     return p
 
@@ -46,12 +60,20 @@ def run(args: argparse.Namespace) -> int:
     columns = None
     if args.columns is not None:
         columns = [c.strip() for c in args.columns.split(",") if c.strip()]
+    if args.scheduler is not None and args.engine != "dask":
+        raise UsageError("--scheduler needs --engine dask.")
     start = time.perf_counter()
     try:
+        executor = None
+        if args.engine == "dask":
+            from stoker.sharder.executor_dask import DaskExecutor
+
+            executor = DaskExecutor(args.scheduler, args.workers)
         manifest = shard(sources, dst, rows_per_shard=args.rows_per_shard,
                          shard_size=args.shard_size, compression=args.compression,
                          columns=columns, workers=args.workers, overwrite=args.overwrite,
-                         format=args.format, progress=False if args.quiet else None)
+                         format=args.format, progress=False if args.quiet else None,
+                         executor=executor, token_dtype=args.token_dtype, seq_len=args.seq_len)
     except ShardOptionsError as exc:
         raise UsageError(str(exc)) from exc
     if not args.quiet:

@@ -1,0 +1,227 @@
+"""``stoker index``: a manifest over existing Parquet files or WebDataset tars, read in place.
+
+Nothing is rewritten. The manifest is written next to the data (by default into SRC, or a
+directory above it), because shard paths must stay inside the dataset directory: every
+indexed file must lie under DST.
+
+- ``parquet-index``: one shard per file, ``batch_rows`` = its row-group row counts (the loader
+  reads only the row groups a batch needs). Types are unified as ``stoker shard`` does
+  (exact match, nullability OR-ed; the loader casts); hive ``key=value`` directories become
+  columns, their values kept in ``extra.partitions``.
+- ``webdataset-index``: one shard per uncompressed ``.tar``; ``extra.offsets`` holds N+1 byte
+  offsets: sample ``i`` is the members in bytes ``[offsets[i], offsets[i+1])``. Columns follow
+  :mod:`stoker.sharder.source_webdataset`. Compressed tars cannot be addressed by offset: shard
+  them with ``stoker shard`` instead.
+
+Every file's size and xxh3-128 are recorded (``shards[]`` and ``provenance.sources``); the
+loader checks both before it reads a file, so a file changed after indexing is an error
+naming it. (The modification time is not recorded: it differs between copies of the same
+bytes and would change the fingerprint, hence the order, of identical data.)
+"""
+
+from __future__ import annotations
+
+import os
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from stoker.manifest import MANIFEST_NAME, Manifest, ShardInfo, hash_file, stoker_version
+from stoker.sharder.errors import SharderError
+from stoker.sharder.executor import Executor, LocalExecutor
+from stoker.sharder.inputs import InputFile, _partitions, detect_format
+from stoker.sharder.options import ShardOptions
+from stoker.sharder.plan import make_plan
+from stoker.sharder.source_webdataset import check_exts, column_type, tar_schema, typed_value
+
+__all__ = ["index", "tar_offsets"]
+
+
+def _walk(root: str) -> list[str]:
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith((".", "_"))]
+        found += [os.path.join(dirpath, f) for f in filenames if not f.startswith((".", "_"))]
+    return found
+
+
+def _files(src: str, fmt: str | None) -> tuple[str, list[str]]:
+    """The data files under ``src`` (a file or directory) and their format."""
+    if not os.path.exists(src):
+        raise SharderError(f"SRC {src!r} does not exist; check the path.")
+    paths = [src] if os.path.isfile(src) else _walk(src)
+    kinds: dict[str, list[str]] = {}
+    for path in paths:
+        found = detect_format(path)
+        if found == "webdataset" and not path.lower().endswith(".tar"):
+            raise SharderError(f"{path!r} is a compressed tar; byte offsets inside it cannot be "
+                               "read in place. Shard it with `stoker shard`, or decompress it.")
+        if found in ("parquet", "webdataset"):
+            kinds.setdefault(found, []).append(path)
+    if fmt is None and len(kinds) > 1:
+        raise SharderError(f"SRC {src!r} holds both Parquet files and tars; index one format "
+                           "at a time (pass --format parquet or webdataset).")
+    fmt = fmt or next(iter(kinds), None)
+    if fmt not in kinds:
+        raise SharderError(f"SRC {src!r} holds no {fmt or 'Parquet or .tar'} files to index; "
+                           "point at a directory of Parquet files or uncompressed tars.")
+    return fmt, sorted(kinds[fmt])
+
+
+def _relative(path: str, dst: str) -> str:
+    rel = os.path.relpath(os.path.realpath(path), os.path.realpath(dst))
+    if rel.startswith(".."):
+        raise SharderError(f"{path!r} is not inside DST {dst!r}; an index lives next to its data "
+                           "(shard paths must stay inside the dataset). Choose a DST that "
+                           "contains SRC, e.g. SRC itself.")
+    return Path(rel).as_posix()
+
+
+def index(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None = None, *,
+          format: str | None = None, overwrite: bool = False, workers: int = 1,
+          executor: Executor | None = None) -> Manifest:
+    """Write ``DST/manifest.json`` indexing the Parquet files or tars under ``src`` in place.
+
+    Args:
+        src: a Parquet file or ``.tar``, or a directory of them (walked recursively, names
+            starting with ``.`` or ``_`` skipped; other files ignored).
+        dst: the dataset directory; default ``src`` (its folder, for a file). Must contain
+            every indexed file.
+        format: ``"parquet"`` or ``"webdataset"``; detected when omitted.
+        overwrite: replace an existing index manifest in ``dst``.
+        workers: processes hashing files (or ``executor``).
+
+    Raises:
+        SharderError: nothing to index, a file outside ``dst``, schema mismatch, a bad tar,
+            or ``dst`` already holds a manifest and ``overwrite`` is false.
+    """
+    src = os.path.abspath(os.fspath(src))
+    dst = os.path.abspath(os.fspath(dst)) if dst is not None else \
+        (src if os.path.isdir(src) else os.path.dirname(src))
+    if format not in (None, "parquet", "webdataset"):
+        raise SharderError(f"format={format!r} cannot be indexed; use parquet or webdataset.")
+    fmt, paths = _files(src, format)
+    if os.path.exists(os.path.join(dst, MANIFEST_NAME)) and not overwrite:
+        raise SharderError(f"DST {dst!r} already holds a manifest.json; pass --overwrite to "
+                           "replace it with a new index.")
+    root = src if os.path.isdir(src) else os.path.dirname(src)
+    inputs = []
+    for path in paths:
+        st = os.stat(path)
+        inputs.append(InputFile(path, _relative(path, dst), fmt, st.st_size, st.st_mtime_ns,
+                                _partitions(path, root) if fmt == "parquet" else ()))
+    engine = executor or LocalExecutor(max(1, min(workers, len(inputs))))
+    # results come back in any order: each carries its path
+    hashes = dict(engine.map(_hash_pair, paths))
+    if fmt == "parquet":
+        schema, shards = _parquet(inputs, hashes)
+    else:
+        schema, shards = _tars(inputs, hashes)
+    for f in inputs:
+        size = os.stat(f.path).st_size
+        if size != hashes[f.path][1]:
+            raise SharderError(f"{f.path!r} changed while it was indexed (size {size}, hashed "
+                               f"{hashes[f.path][1]}); run `stoker index` again.")
+    sources = [{"path": s.path, "bytes": s.bytes, "xxh3_128": s.xxh3_128} for s in shards]
+    manifest = Manifest.create(schema=schema, shards=shards, sources=sources,
+                               options={"format": fmt, "index": True},
+                               stoker_version=stoker_version(), kind=f"{fmt}-index")
+    os.makedirs(dst, exist_ok=True)
+    manifest.save(dst)
+    return Manifest.load(dst)
+
+
+def _hash_pair(path: str) -> tuple[str, tuple[str, int]]:
+    return path, hash_file(path)
+
+
+def _parquet(inputs: list[InputFile], hashes: dict[str, tuple[str, int]]
+             ) -> tuple[pa.Schema, list[ShardInfo]]:
+    plan = make_plan(inputs, ShardOptions(rows_per_shard=1, format="parquet"))
+    shards = []
+    for f, scan, values in zip(inputs, plan.scans, plan.partition_values):
+        digest, size = hashes[f.path]
+        extra: dict[str, Any] = {"partitions": list(values)} if plan.partition_fields else {}
+        shards.append(ShardInfo(f.rel, scan.rows, size, digest, scan.row_groups, extra))
+    return plan.schema, shards
+
+
+def tar_offsets(path: str) -> tuple[list[int], list[str]]:
+    """Byte offsets (N+1) of the samples of an uncompressed tar, and the extensions.
+
+    String and integer members are read and checked (they become typed columns); binary
+    members are not read. Raises SharderError for missing/extra files or a bad tar.
+    """
+    from webdataset.tariterators import base_plus_ext
+
+    starts: list[int] = []
+    end = 0
+    exts: list[str] | None = None
+    current: dict[str, Any] | None = None
+    seen: set[str] = set()
+
+    def close(sample: dict[str, Any] | None) -> None:
+        nonlocal exts
+        if sample is None:
+            return
+        if exts is None:
+            exts = sorted(k for k in sample if not k.startswith("__"))
+        check_exts(path, sample, exts)
+
+    try:
+        with tarfile.open(path, "r:") as tar:
+            for member in tar:
+                name = member.name
+                if not member.isreg() or ("/" not in name and name.startswith("__")):
+                    continue
+                prefix, suffix = base_plus_ext(name)
+                if prefix is None:
+                    raise SharderError(f"{path!r}: member {name!r} has no extension; rename or "
+                                       "remove it.")
+                suffix = suffix.lower()
+                if current is None or prefix != current["__key__"]:
+                    close(current)
+                    if prefix in seen:
+                        raise SharderError(f"{path!r}: sample key {prefix!r} appears twice; "
+                                           "write each sample's files together.")
+                    seen.add(prefix)
+                    current = {"__key__": prefix}
+                    starts.append(member.offset)
+                if suffix in current:
+                    raise SharderError(f"{path!r}: duplicate file {name!r} in one sample.")
+                data = b""
+                if not pa.types.is_binary(column_type(suffix)):
+                    data = tar.extractfile(member).read()  # type: ignore[union-attr]
+                    typed_value(path, prefix, suffix, data)
+                current[suffix] = data
+                end = member.offset_data + -(-member.size // 512) * 512
+    except SharderError:
+        raise
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise SharderError(f"cannot index {path!r} as an uncompressed tar ({type(exc).__name__}:"
+                           f" {exc}); fix or remove it.") from exc
+    close(current)
+    if exts is None:
+        raise SharderError(f"{path!r} holds no samples; remove it from SRC.")
+    return starts + [end], exts
+
+
+def _tars(inputs: list[InputFile], hashes: dict[str, tuple[str, int]]
+          ) -> tuple[pa.Schema, list[ShardInfo]]:
+    shards, first_exts = [], None
+    for f in inputs:
+        offsets, exts = tar_offsets(f.path)
+        if first_exts is None:
+            first_exts = (exts, f.path)
+        elif exts != first_exts[0]:
+            raise SharderError(f"schema mismatch: samples of {f.path!r} have files {exts} but "
+                               f"those of {first_exts[1]!r} have {first_exts[0]}; every tar "
+                               "needs the same files per sample.")
+        digest, size = hashes[f.path]
+        rows = len(offsets) - 1
+        shards.append(ShardInfo(f.rel, rows, size, digest, (rows,), {"offsets": offsets}))
+    if first_exts is None:
+        raise SharderError("no tar to index")
+    return tar_schema(first_exts[0]), shards

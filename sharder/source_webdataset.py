@@ -1,0 +1,187 @@
+"""WebDataset tars as a sharder source: one sample per key, one column per file extension.
+
+Read through the ``webdataset`` package (``tar_file_iterator`` + ``group_by_keys``), so a
+sample is exactly what WebDataset itself would yield. ``.tar`` and ``.tgz``/``.tar.gz`` are
+read as streams; ``.tar.zst`` is decompressed with ``zstandard`` first.
+
+Column rules (also used by ``stoker index`` for uncompressed tars):
+
+- ``__key__`` (string): the sample key (the member path without its extensions).
+- ``txt``, ``text``, ``json`` (string): the member's UTF-8 text, unparsed (JSON stays text,
+  so its bytes round-trip exactly); invalid UTF-8 is an error.
+- ``cls`` (int64): an ASCII integer, WebDataset's class-label convention; anything else is an
+  error.
+- every other extension (``jpg``, ``png``, ``seg.png``, ``npy``, ...) is binary, bytes as stored.
+
+Every sample of every tar must have the same extensions: a sample that lacks one (or has an
+extra one) is an error naming the tar, the sample key and the extensions, never a silent null.
+Members without an extension are errors too; top-level ``__*__`` metadata files are skipped,
+as WebDataset skips them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import tarfile
+from typing import Any, Iterator, Sequence
+
+import pyarrow as pa
+import zstandard
+
+from stoker.sharder.errors import SharderError
+
+__all__ = ["KEY_COLUMN", "check_exts", "column_type", "iter_samples", "open_tar", "parse_members",
+           "read_tar", "sample_exts", "samples_to_table", "scan_tar", "tar_schema", "typed_value"]
+
+KEY_COLUMN = "__key__"
+_STRING_EXTS = ("txt", "text", "json")
+_INT_EXTS = ("cls",)
+
+
+def column_type(ext: str) -> pa.DataType:
+    """The Arrow type of the column for files with extension ``ext``."""
+    if ext == KEY_COLUMN or ext in _STRING_EXTS:
+        return pa.string()
+    if ext in _INT_EXTS:
+        return pa.int64()
+    return pa.binary()
+
+
+def tar_schema(exts: Sequence[str]) -> pa.Schema:
+    """``__key__`` then one column per extension, sorted."""
+    return pa.schema([pa.field(KEY_COLUMN, pa.string(), False)]
+                     + [pa.field(e, column_type(e), False) for e in sorted(exts)])
+
+
+@contextlib.contextmanager
+def open_tar(path: str) -> Iterator[Any]:
+    """A binary stream of the tar's bytes (``.tar.zst`` decompressed; gzip left to tarfile)."""
+    with open(path, "rb") as raw:
+        if path.lower().endswith(".zst"):
+            with zstandard.ZstdDecompressor().stream_reader(raw, read_size=1 << 20) as plain:
+                yield plain
+        else:
+            yield raw
+
+
+def _members(stream: Any, path: str) -> Iterator[dict[str, Any]]:
+    from webdataset.tariterators import base_plus_ext, tar_file_iterator
+
+    for member in tar_file_iterator(stream):
+        prefix, _ = base_plus_ext(member["fname"])
+        if prefix is None:
+            raise SharderError(f"{path!r}: member {member['fname']!r} has no extension, so it "
+                               "belongs to no sample column; rename it (e.g. KEY.bin) or "
+                               "remove it from the tar.")
+        member["__url__"] = path
+        yield member
+
+
+def iter_samples(path: str, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
+    """Samples ``[start, stop)`` of the tar at ``path`` as WebDataset dicts (raw bytes).
+
+    Raises:
+        SharderError: unreadable or corrupt tar, duplicate member names, a repeated key.
+    """
+    from webdataset.tariterators import group_by_keys
+
+    seen: set[str] = set()
+    try:
+        with open_tar(path) as stream:
+            for i, sample in enumerate(group_by_keys(_members(stream, path))):
+                key = sample["__key__"]
+                if key in seen:
+                    raise SharderError(f"{path!r}: sample key {key!r} appears twice (its files "
+                                       "are not next to each other in the tar); write each "
+                                       "sample's files together.")
+                seen.add(key)
+                if stop is not None and i >= stop:
+                    return
+                if i >= start:
+                    yield sample
+    except SharderError:
+        raise
+    except (tarfile.TarError, OSError, EOFError, zstandard.ZstdError, ValueError) as exc:
+        raise SharderError(f"cannot read {path!r} as a WebDataset tar ({type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}); the file "
+                           "is truncated or not a tar. Fix or remove it.") from exc
+
+
+def sample_exts(sample: dict[str, Any]) -> list[str]:
+    """The data extensions of a WebDataset sample dict."""
+    return sorted(k for k in sample if not k.startswith("__"))
+
+
+def check_exts(path: str, sample: dict[str, Any], expected: Sequence[str]) -> None:
+    """Raise when ``sample`` does not have exactly the extensions ``expected``."""
+    got = sample_exts(sample)
+    if got != list(expected):
+        missing = sorted(set(expected) - set(got))
+        extra = sorted(set(got) - set(expected))
+        raise SharderError(
+            f"{path!r}: sample {sample['__key__']!r} has files {got} but the dataset's samples "
+            f"have {list(expected)} (missing {missing}, extra {extra}); every sample needs the "
+            "same files. Add the missing files or remove the sample from the tar.")
+
+
+def typed_value(path: str, key: str, ext: str, data: bytes) -> Any:
+    """The column value of one member: text, an integer, or the bytes (see module rules)."""
+    t = column_type(ext)
+    try:
+        if pa.types.is_string(t):
+            return data.decode("utf-8")
+        if pa.types.is_integer(t):
+            return int(data.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError) as exc:
+        what = "UTF-8 text" if pa.types.is_string(t) else "an ASCII integer"
+        raise SharderError(f"{path!r}: sample {key!r} file .{ext} is not {what} "
+                           f"({data[:20]!r}...); fix the file or rename its extension so it "
+                           "is kept as binary.") from exc
+    return data
+
+
+def samples_to_table(path: str, samples: Sequence[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """WebDataset sample dicts -> a table with exactly ``schema``'s columns."""
+    arrays = []
+    for field in schema:
+        if field.name == KEY_COLUMN:
+            values = [s[KEY_COLUMN] for s in samples]
+        else:
+            values = [typed_value(path, s[KEY_COLUMN], field.name, s[field.name]) for s in samples]
+        arrays.append(pa.array(values, field.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def scan_tar(path: str) -> tuple[int, pa.Schema]:
+    """Samples and schema of one tar; all its samples must have the same extensions."""
+    rows, exts = 0, None
+    for sample in iter_samples(path):
+        if exts is None:
+            exts = sample_exts(sample)
+        check_exts(path, sample, exts)
+        rows += 1
+    if exts is None:
+        raise SharderError(f"{path!r} holds no samples; remove the empty tar from SRC.")
+    return rows, tar_schema(exts)
+
+
+def read_tar(path: str, schema: pa.Schema, columns: list[str], start: int, stop: int) -> pa.Table:
+    """Samples ``[start, stop)`` as a table of ``columns`` (types from ``schema``)."""
+    exts = sorted(n for n in schema.names if n != KEY_COLUMN)
+    samples = []
+    for sample in iter_samples(path, start, stop):
+        check_exts(path, sample, exts)
+        samples.append(sample)
+    return samples_to_table(path, samples, pa.schema([schema.field(c) for c in columns]))
+
+
+def parse_members(data: bytes) -> dict[str, Any]:
+    """One sample from the raw tar bytes of its members (a span indexed by ``stoker index``)."""
+    from webdataset.tariterators import group_by_keys
+
+    members = list(_members(io.BytesIO(data), "<span>"))
+    samples = list(group_by_keys(members))
+    if len(samples) != 1:
+        raise ValueError(f"expected the members of one sample, found {len(samples)} samples")
+    return samples[0]
