@@ -180,9 +180,14 @@ class DataLoader:
                 max_open = 2 * owned + self.num_workers + 2
                 self._cache, opener = open_cache(manifest, cache_dir, cache_limit,
                                                  storage_options, max_open)
-            source = ArrowSource(manifest, columns=columns, features=features, opener=opener,
-                                 max_open=max_open, categoricals=self._categoricals,
-                                 image=self._image, pin=self._pin_source)
+            make = ArrowSource
+            if manifest.kind != "arrow":  # files indexed in place by `stoker index`
+                from stoker.loader.index_source import IndexSource
+
+                make = IndexSource
+            source = make(manifest, columns=columns, features=features, opener=opener,
+                          max_open=max_open, categoricals=self._categoricals,
+                          image=self._image, pin=self._pin_source)
             self._collate = collate_fn
             return source
         if isinstance(dataset, IterableDataset):

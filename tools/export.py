@@ -118,7 +118,8 @@ def _write_tar(f: Any, table: pa.Table, first_id: int) -> None:
         [f"{first_id + i:012d}" for i in range(table.num_rows)]
     columns = [(name, table.schema.field(name).type, table.column(name).to_pylist())
                for name in table.column_names if name != "__key__"]
-    with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    # stream mode ("w|"): the hashing writer has no tell()/seek()
+    with tarfile.open(fileobj=f, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         for i, key in enumerate(keys):
             for name, t, values in columns:
                 if values[i] is None:

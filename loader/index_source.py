@@ -1,0 +1,192 @@
+"""Read an index dataset (``parquet-index`` / ``webdataset-index``) in place, by global id.
+
+Same ids, order, resume and audit as a native dataset: only how a shard's rows are read
+differs. A Parquet shard is one file whose record batches are its row groups, so a batch reads
+just the row groups its ids fall in (a bounded cache keeps recent ones); a WebDataset shard is
+one tar whose samples are read by byte offset. Before a file is first read, its size and
+xxh3-128 are checked against the manifest: a file changed after indexing is a
+:class:`~stoker.manifest.ShardIntegrityError` naming it, never wrong data.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from stoker.loader.arrow_source import ArrowSource
+from stoker.loader.errors import WorkerError
+from stoker.manifest import Manifest, ManifestError, ShardIntegrityError, hash_file, redact_url
+
+__all__ = ["IndexSource"]
+
+_CACHE_BYTES = 512 << 20
+
+
+class IndexSource(ArrowSource):
+    """Batches of an index dataset (see module docstring); arguments as :class:`ArrowSource`.
+
+    Args:
+        cache_bytes: Arrow bytes of decoded Parquet row groups kept for reuse.
+    """
+
+    def __init__(self, manifest: Manifest, *, cache_bytes: int = _CACHE_BYTES,
+                 **kwargs: Any) -> None:
+        if manifest.kind not in ("parquet-index", "webdataset-index"):
+            raise ManifestError(f"IndexSource reads index datasets; this one is {manifest.kind!r}.")
+        root = manifest.root or ""
+        if "://" in root and not root.startswith("file://"):
+            raise ManifestError(f"{redact_url(root)}: index datasets are read in place and must "
+                                "be local; convert remote data with `stoker shard` instead.")
+        kwargs["fast"] = False
+        super().__init__(manifest, **kwargs)
+        self._schema = manifest.arrow_schema
+        self._verified: set[int] = set()
+        self._verify_lock = threading.Lock()
+        self._groups: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()
+        self._group_bytes = 0
+        self._cache_bytes = cache_bytes
+
+    # -- integrity -----------------------------------------------------------------------
+    def _path(self, index: int) -> str:
+        return self.manifest.shard_location(index).removeprefix("file://")
+
+    def verify(self, index: int) -> str:
+        """Check shard ``index``'s size and xxh3-128 once; return its local path."""
+        path = self._path(index)
+        if index in self._verified:
+            return path
+        with self._verify_lock:
+            if index in self._verified:
+                return path
+            info = self.manifest.shards[index]
+            try:
+                size = os.stat(path).st_size
+            except OSError as exc:
+                raise ShardIntegrityError(f"{path}: indexed file is missing or unreadable "
+                                          f"({exc.strerror}); restore it or run `stoker index` "
+                                          "again.", shard=info.path) from exc
+            digest = hash_file(path)[0] if size == info.bytes else None
+            if size != info.bytes or digest != info.xxh3_128:
+                what = f"size {size} bytes, indexed {info.bytes}" if size != info.bytes else \
+                    f"xxh3-128 {digest}, indexed {info.xxh3_128}"
+                raise ShardIntegrityError(
+                    f"{path}: file changed after it was indexed ({what}); restore the original "
+                    "or run `stoker index --overwrite` again (the dataset's fingerprint, and so "
+                    "its order, will change).", shard=info.path)
+            self._verified.add(index)
+        return path
+
+    # -- reading --------------------------------------------------------------------------
+    def take(self, ids: np.ndarray, columns: Sequence[str] | None = None) -> pa.Table:
+        """Rows ``ids`` (global) of ``columns`` as one Arrow table, in the given order."""
+        ids = np.asarray(ids, dtype=np.int64)
+        columns = self.columns if columns is None else list(columns)
+        schema = pa.schema([self._schema.field(c) for c in columns])
+        if len(ids) == 0:
+            return schema.empty_table()
+        shard, row = self.locate(ids)
+        by_shard = np.argsort(shard, kind="stable")
+        bounds = np.flatnonzero(np.diff(shard[by_shard])) + 1
+        pieces = []
+        for group in np.split(by_shard, bounds):
+            s = int(shard[group[0]])
+            try:
+                self.verify(s)
+                self.opened_shards.add(s)
+                pieces.append(self._rows(s, row[group], schema))
+            except ShardIntegrityError:
+                raise
+            except Exception as exc:  # name the file and samples, keep the cause
+                raise WorkerError(f"reading indexed file {self._path(s)} for samples "
+                                  f"{ids[group][:8].tolist()}{'...' if len(group) > 8 else ''} "
+                                  f"failed: {type(exc).__name__}: {exc}") from exc
+        table = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
+        if len(pieces) > 1:
+            inverse = np.empty_like(by_shard)
+            inverse[by_shard] = np.arange(len(by_shard))
+            table = table.take(pa.array(inverse))
+        return table
+
+    def _rows(self, index: int, rows: np.ndarray, schema: pa.Schema) -> pa.Table:
+        if self.manifest.kind == "webdataset-index":
+            return self._tar_rows(index, rows, schema)
+        info = self.manifest.shards[index]
+        starts = np.concatenate([[0], np.cumsum(info.batch_rows)]).astype(np.int64)
+        group = np.searchsorted(starts, rows, side="right") - 1
+        needed = np.unique(group)
+        tables = [self._row_group(index, int(g)) for g in needed]
+        base = np.zeros(len(starts), dtype=np.int64)
+        base[needed] = np.concatenate([[0], np.cumsum([t.num_rows for t in tables])])[:-1]
+        local = base[group] + rows - starts[group]
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        return table.select(schema.names).take(pa.array(local))
+
+    def _row_group(self, index: int, group: int) -> pa.Table:
+        key = (index, group)
+        with self._lock:
+            hit = self._groups.get(key)
+            if hit is not None:
+                self._groups.move_to_end(key)
+                return hit
+        table = self._read_group(index, group)
+        with self._lock:
+            if key not in self._groups:
+                self._groups[key] = table
+                self._group_bytes += table.nbytes
+            while self._group_bytes > self._cache_bytes and len(self._groups) > 1:
+                _, old = self._groups.popitem(last=False)
+                self._group_bytes -= old.nbytes
+        return table
+
+    def _read_group(self, index: int, group: int) -> pa.Table:
+        """One row group with every column of the dataset, cast to the manifest's types."""
+        info = self.manifest.shards[index]
+        values = info.extra.get("partitions", [])
+        file_fields = [f for f in self._schema][:len(self._schema) - len(values)]
+        table = pq.ParquetFile(self._path(index)).read_row_group(
+            group, columns=[f.name for f in file_fields])
+        if table.num_rows != info.batch_rows[group]:
+            raise ShardIntegrityError(f"{self._path(index)}: row group {group} has "
+                                      f"{table.num_rows} rows, indexed {info.batch_rows[group]}; "
+                                      "the file changed. Run `stoker index` again.",
+                                      shard=info.path)
+        arrays = [table.column(f.name) for f in file_fields]
+        arrays = [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, file_fields)]
+        n = table.num_rows
+        for field, value in zip(list(self._schema)[len(file_fields):], values):
+            arrays.append(pa.nulls(n, field.type) if value is None
+                          else pa.repeat(pa.scalar(value, field.type), n))
+        return pa.Table.from_arrays(arrays, schema=self._schema).combine_chunks()
+
+    def _tar_rows(self, index: int, rows: np.ndarray, schema: pa.Schema) -> pa.Table:
+        from stoker.sharder.source_webdataset import parse_members, samples_to_table
+
+        offsets = self.manifest.shards[index].extra["offsets"]
+        path = self._path(index)
+        samples = []
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for r in rows.tolist():
+                lo, hi = offsets[r], offsets[r + 1]
+                data = os.pread(fd, hi - lo, lo)
+                if len(data) != hi - lo:
+                    raise ShardIntegrityError(f"{path}: short read at byte {lo}; the file "
+                                              "changed after indexing. Run `stoker index` again.",
+                                              shard=self.manifest.shards[index].path)
+                samples.append(parse_members(data))
+        finally:
+            os.close(fd)
+        return samples_to_table(path, samples, schema)
+
+    def close(self) -> None:
+        """Drop cached row groups; idempotent."""
+        with self._lock:
+            self._groups.clear()
+            self._group_bytes = 0
+        super().close()
