@@ -40,8 +40,8 @@ class DaskExecutor:
 
     Args:
         scheduler: address of a running scheduler (``tcp://HOST:PORT``). ``None`` starts a
-            ``LocalCluster`` of ``workers`` single-threaded processes on this machine (its
-            dashboard off), closed again when the map finishes.
+            ``LocalCluster`` of ``workers`` single-threaded processes on this machine, every
+            port (dashboard/HTTP included) on 127.0.0.1 only, closed when the map finishes.
         workers: processes of the local cluster (ignored with ``scheduler``).
 
     A failing task cancels the tasks not yet finished and re-raises its exception here.
@@ -89,8 +89,9 @@ class _LocalClient:
 
     def __init__(self, distributed: Any, workers: int) -> None:
         self._cluster = distributed.LocalCluster(
-            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
-            host="127.0.0.1", silence_logs=logging.WARNING)
+            n_workers=workers, threads_per_worker=1, processes=True,
+            # a random loopback port: the scheduler's HTTP server otherwise takes :8787
+            dashboard_address="127.0.0.1:0", host="127.0.0.1", silence_logs=logging.WARNING)
         self._client = distributed.Client(self._cluster)
 
     def __enter__(self) -> Any:
