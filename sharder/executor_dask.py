@@ -42,21 +42,27 @@ class DaskExecutor:
         scheduler: address of a running scheduler (``tcp://HOST:PORT``). ``None`` starts a
             ``LocalCluster`` of ``workers`` single-threaded processes on this machine, every
             port (dashboard/HTTP included) on 127.0.0.1 only, closed when the map finishes.
-        workers: processes of the local cluster (ignored with ``scheduler``).
+        workers: processes of the local cluster (default 1). With ``scheduler``: how many
+            tasks run at once (default: the workers connected now), which sets how many groups
+            the shards of one streamed file (CSV, JSONL, tar) are split into.
 
     A failing task cancels the tasks not yet finished and re-raises its exception here.
     """
 
-    def __init__(self, scheduler: str | None = None, workers: int = 1) -> None:
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+    def __init__(self, scheduler: str | None = None, workers: int | None = None) -> None:
+        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                    or workers < 1):
             raise ShardOptionsError(f"workers={workers!r} must be a positive integer, e.g. 4.")
         if scheduler is not None and (not isinstance(scheduler, str) or "://" not in scheduler):
             raise ShardOptionsError(f"scheduler={scheduler!r} is not a scheduler address; give "
                                     "one like tcp://10.0.0.5:8786, or leave it out to start a "
                                     "local cluster.")
-        import_distributed()
+        distributed = import_distributed()
         self.scheduler = scheduler
-        self.workers = workers
+        if workers is None and scheduler is not None:
+            with self._client(distributed) as client:
+                workers = sum(client.nthreads().values())
+        self.workers = max(1, workers or 1)
 
     def map(self, fn: Callable[[T], R], tasks: Iterable[T]) -> Iterator[R]:
         tasks = list(tasks)

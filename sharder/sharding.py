@@ -22,6 +22,8 @@ from stoker.sharder.writer import HashTask, ShardGroup, ShardTask, Task, run_tas
 __all__ = ["shard"]
 
 _log = logging.getLogger(__name__)
+# Formats read by streaming from the file start (no row index): their shards are grouped.
+_STREAMED = ("csv", "jsonl", "webdataset")
 Source = str | os.PathLike[str]
 T = TypeVar("T")
 
@@ -81,8 +83,10 @@ def shard(src: Source | Sequence[Source], dst: Source, *, rows_per_shard: int | 
     shards, hashed = build.finished()
     if shards:
         _log.info("resuming: %d of %d shards already done", len(shards), plan.num_shards)
+    # an executor says how many tasks run at once (e.g. a Dask cluster's worker count)
+    parallel = getattr(executor, "workers", workers) if executor is not None else workers
     shard_tasks = _shard_tasks(plan, build, [i for i in range(plan.num_shards) if i not in shards],
-                               workers)
+                               parallel)
     tasks = shard_tasks + [HashTask(i, f.path, f.rel, build.source_record(i))
                            for i, f in enumerate(plan.inputs) if i not in hashed]
     # A pool only pays off with several shard tasks; its start-up costs ~0.5 s.
@@ -96,11 +100,11 @@ def shard(src: Source | Sequence[Source], dst: Source, *, rows_per_shard: int | 
 
 
 def _shard_tasks(plan: Plan, build: Build, pending: list[int], workers: int) -> list[Task]:
-    """One task per Parquet shard (it reads only its row groups). CSV/JSONL have no row
-    index, so each file's consecutive shards go in up to ``workers`` groups that stream it
+    """One task per Parquet (image-folder, HF, token) shard: it reads only its rows. CSV/JSONL
+    and tars have no row index, so each file's consecutive shards go in up to ``workers`` groups that stream it
     once each, instead of every shard re-reading the file from its start."""
     single = [_shard_task(plan, build, i) for i in pending]
-    if plan.options["format"] == "parquet":
+    if plan.options["format"] not in _STREAMED:
         return list(single)
     runs: list[list[ShardTask]] = []
     for task in single:

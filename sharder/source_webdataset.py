@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import tarfile
+import threading
 from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
@@ -166,13 +168,42 @@ def scan_tar(path: str) -> tuple[int, pa.Schema]:
     return rows, tar_schema(exts)
 
 
-def read_tar(path: str, schema: pa.Schema, columns: list[str], start: int, stop: int) -> pa.Table:
-    """Samples ``[start, stop)`` as a table of ``columns`` (types from ``schema``)."""
+class _Cursor(threading.local):
+    """Where the last read of this thread stopped: consecutive ranges of one tar (a group of
+    shards) continue the same stream instead of re-reading the tar from its start."""
+
+    path: tuple[str, Any] | None = None
+    position = 0
+    samples: Iterator[dict[str, Any]] = iter(())
+
+
+_cursor = _Cursor()
+
+
+def read_tar(path: str, schema: pa.Schema, columns: list[str], start: int, stop: int,
+             identity: Any = None) -> pa.Table:
+    """Samples ``[start, stop)`` as a table of ``columns`` (types from ``schema``).
+
+    ``identity`` (e.g. size and mtime when planned) tells a continued stream from one over a
+    file that was replaced since.
+    """
     exts = sorted(n for n in schema.names if n != KEY_COLUMN)
+    cur = _cursor
+    if cur.path != (path, identity) or cur.position > start:
+        close = getattr(cur.samples, "close", None)
+        if close is not None:
+            close()
+        cur.path, cur.position, cur.samples = (path, identity), 0, iter_samples(path)
+    cur.path = None  # invalid until this read completes
     samples = []
-    for sample in iter_samples(path, start, stop):
+    for sample in itertools.islice(cur.samples, start - cur.position, stop - cur.position):
         check_exts(path, sample, exts)
         samples.append(sample)
+    if len(samples) != stop - start:
+        raise SharderError(f"{path!r} holds fewer samples than when the plan counted them "
+                           f"(wanted {start}..{stop}); the file changed during sharding. "
+                           "Run `stoker shard` again.")
+    cur.path, cur.position = (path, identity), stop
     return samples_to_table(path, samples, pa.schema([schema.field(c) for c in columns]))
 
 

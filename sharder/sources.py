@@ -82,7 +82,7 @@ def read_source(inp: InputFile, columns: list[str], start: int, stop: int,
                 schema: pa.Schema) -> pa.Table:
     """Rows ``[start, stop)`` of ``columns`` of one non-tabular input."""
     if inp.format == "webdataset":
-        return read_tar(inp.path, schema, columns, start, stop)
+        return read_tar(inp.path, schema, columns, start, stop, (inp.bytes, inp.mtime_ns))
     if inp.format == "imagefolder":
         return read_images(_as(inp, ClassFolder), columns, start, stop)
     if inp.format == "hf":

@@ -26,8 +26,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--compression", choices=("none", "zstd"), default="none",
                    help="Arrow IPC buffer compression of the shards (default none)")
     p.add_argument("--columns", metavar="A,B", help="comma-separated columns to keep, in order")
-    p.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="processes writing shards (default 1)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="processes writing shards (default 1; with --scheduler: the cluster's "
+                   "workers)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing dataset or non-empty directory at DST")
     p.add_argument("--format", choices=("parquet", "csv", "jsonl", "webdataset", "imagefolder",
@@ -69,9 +70,10 @@ def run(args: argparse.Namespace) -> int:
             from stoker.sharder.executor_dask import DaskExecutor
 
             executor = DaskExecutor(args.scheduler, args.workers)
+        workers = 1 if args.workers is None else args.workers
         manifest = shard(sources, dst, rows_per_shard=args.rows_per_shard,
                          shard_size=args.shard_size, compression=args.compression,
-                         columns=columns, workers=args.workers, overwrite=args.overwrite,
+                         columns=columns, workers=workers, overwrite=args.overwrite,
                          format=args.format, progress=False if args.quiet else None,
                          executor=executor, token_dtype=args.token_dtype, seq_len=args.seq_len)
     except ShardOptionsError as exc:

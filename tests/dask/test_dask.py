@@ -52,6 +52,7 @@ def test_local_cluster_output_is_byte_identical(sources, reference, tmp_path: Pa
 def test_scheduler_and_worker_processes_byte_identical(sources, reference, dask_scheduler,
                                                       tmp_path: Path) -> None:
     executor = DaskExecutor(dask_scheduler)
+    assert executor.workers == 2  # asked from the scheduler: sets the groups of a tar's shards
     for name, src in sources.items():
         shard(src, tmp_path / name, rows_per_shard=_ROWS[name], executor=executor)
         assert dataset_bytes(tmp_path / name) == reference[name], name
