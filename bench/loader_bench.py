@@ -180,7 +180,7 @@ def _ceiling_w1(d: Path) -> Iterator[Any]:
         t = f.read_row_group(g)
         out = {c: t.column(c).to_numpy() for c in FEATURES + CATS + ["label"]}
         out["seq"] = t.column("seq").combine_chunks().flatten().to_numpy()
-        yield {"label": out["label"]}
+        yield out
 
 
 def _ceiling_w2(d: Path) -> Iterator[Any]:
@@ -190,12 +190,12 @@ def _ceiling_w2(d: Path) -> Iterator[Any]:
     from stoker.loader.images import _decode
 
     f = pq.ParquetFile(d / "data.parquet")
-    out = np.empty((SIDE, SIDE, 3), np.uint8)
+    pixels = np.empty((f.metadata.row_group(0).num_rows, SIDE, SIDE, 3), np.uint8)
     for g in range(f.num_row_groups):
         blobs = f.read_row_group(g, columns=["jpg"]).column("jpg").to_pylist()
-        for b in blobs:
-            _decode(b, out)
-        yield {"label": np.empty(len(blobs))}
+        for i, b in enumerate(blobs):
+            _decode(b, pixels[i])
+        yield {"label": np.empty(len(blobs), np.int64), "jpg": pixels[:len(blobs)]}
 
 
 CASES: dict[str, tuple[str, Callable[[Path], Iterator[Any]], int]] = {
@@ -233,35 +233,79 @@ def run_case(name: str, data: Path) -> dict[str, float]:
             "first_batch_s": t1 - t0, "bytes_per_s": nbytes / (t2 - t0)}
 
 
-def _tree_rss(pid: int) -> int:
+def gather_profile(data: Path, batches: int = 300) -> dict[str, dict[str, float]]:
+    """Where a W1 batch's time goes: ms per output for random ids (what shuffle gives) and
+    for consecutive ids (the same work with a sequential memory pattern)."""
+    from stoker.loader import kernels as k
+    from stoker.loader.arrow_source import ArrowSource
+    from stoker.manifest import Manifest
+
+    src = ArrowSource(Manifest.load(data / "stoker"), features=FEATURES, categoricals=CATS,
+                      columns=["seq", "label"])
+    plan, n = src._plan, src.shard_rows.sum()
+    rng = np.random.default_rng(0)
+    out: dict[str, dict[str, float]] = {}
+    for name, make in (("random", lambda s: rng.integers(0, n, W1_BATCH)),
+                       ("sequential", lambda s: (np.arange(W1_BATCH) + s * W1_BATCH) % n)):
+        for warm in (True, False):
+            spent: dict[str, float] = {}
+            for s in range(batches):
+                t = time.perf_counter()
+                groups = plan.groups(make(s), src._starts, src._data_of)
+                spent["locate"] = spent.get("locate", 0.0) + time.perf_counter() - t
+                slot = src.ring.acquire()
+                for o in plan.outputs:
+                    t = time.perf_counter()
+                    if o.kind == "list":
+                        plan._list(o, groups, W1_BATCH, slot, {})
+                    else:
+                        arr = slot.array(o.name, (W1_BATCH, len(o.columns)), o.dtype)
+                        for d, chunk, row, dest in groups:
+                            k.gather_fixed(d.views, d.matrix_meta(o.columns), chunk, row, dest, arr)
+                    spent[o.name] = spent.get(o.name, 0.0) + time.perf_counter() - t
+                src.ring.release(slot)
+            if not warm:
+                out[name] = {key: v / batches * 1e3 for key, v in spent.items()}
+    return out
+
+
+def _tree_rss(pid: int) -> tuple[int, int]:
+    """(RSS, RSS minus file-backed shared pages) summed over ``pid`` and its children.
+
+    Memory-mapped shard pages count in RSS but are page cache, shared and reclaimable; the
+    second number is the memory the loader itself owns."""
     import psutil
 
     try:
         p = psutil.Process(pid)
         procs = [p] + p.children(recursive=True)
     except psutil.Error:
-        return 0
-    total = 0
+        return 0, 0
+    total = private = 0
     for q in procs:
         try:
-            total += q.memory_info().rss
+            m = q.memory_info()
         except psutil.Error:
-            pass
-    return total
+            continue
+        total += m.rss
+        private += m.rss - getattr(m, "shared", 0)
+    return total, private
 
 
 def _spawn(name: str, data: Path) -> dict[str, float]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--case", name, "--data", str(data)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    peak = 0
+    peak = peak_private = 0
     while proc.poll() is None:
-        peak = max(peak, _tree_rss(proc.pid))
+        rss, private = _tree_rss(proc.pid)
+        peak, peak_private = max(peak, rss), max(peak_private, private)
         time.sleep(0.02)
     out = proc.stdout.read() if proc.stdout else ""
     if proc.returncode:
         raise RuntimeError(f"case {name} failed with exit code {proc.returncode}")
     result = json.loads(out.strip().splitlines()[-1])
     result["peak_rss_mb"] = peak / 2**20
+    result["peak_private_mb"] = peak_private / 2**20
     return result
 
 
@@ -280,7 +324,8 @@ def memcpy_bandwidth() -> float:
 # -- table -------------------------------------------------------------------------------------
 def build_table(results: dict[str, dict[str, float]], memcpy: float) -> str:
     rows = ["| case | workers | samples/s | vs ceiling | vs best peer | first batch | peak RSS "
-            "(tree) | delivered / memcpy |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+            "(tree): all / private | delivered / memcpy |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for wl in ("w1", "w2"):
         names = [n for n in results if n.startswith(wl + "/")]
         ceil_name = next((n for n in names if "ceiling" in n), None)
@@ -299,15 +344,48 @@ def build_table(results: dict[str, dict[str, float]], memcpy: float) -> str:
             vs_c = f"{r['samples_per_s'] / ceiling:.2f}x" if ceiling and "ceiling" not in name else "-"
             vs_p = f"{r['samples_per_s'] / best:.2f}x" if best and "stoker" in name else "-"
             rows.append(f"| {wl.upper()} {label} | {workers} | {r['samples_per_s']:,.0f} | {vs_c} "
-                        f"| {vs_p} | {r['first_batch_s']:.3f} s | {r['peak_rss_mb']:,.0f} MiB | "
+                        f"| {vs_p} | {r['first_batch_s']:.3f} s | {r['peak_rss_mb']:,.0f} / "
+                        f"{r['peak_private_mb']:,.0f} MiB | "
                         f"{r['bytes_per_s'] / memcpy:.1%} |")
     return "\n".join(rows)
+
+
+NOTES = """Reading the table:
+- *vs ceiling*: W1 against one process converting the Parquet to NumPy row group by row group
+  with no shuffle; W2 against the decoder's one-core rate x the cores used. *vs best peer*:
+  against the best non-stoker loader at the same worker count. *private* RSS excludes
+  file-backed shared pages (stoker's memory-mapped shards are page cache, not loader memory).
+- *first batch* is measured from constructing the loader in a fresh process; for stoker about
+  0.4-0.5 s of it is Numba's one-time start-up (type registries, loading the cached order and
+  gather kernels), paid once per process.
+- Mosaic Streaming and LitData were not run: not installed in this environment (installing
+  them must not replace torch 2.13.0+cpu; left for a separate venv).
+- The machine is shared with other engineers' jobs (2 cores): numbers move by +-30 % between
+  runs; the ratios come from cases interleaved within each repeat.
+
+Where W1's time goes (the profile line above): stoker shuffles for real, so a batch's 1024
+rows are spread over the whole 757 MB dataset, and a columnar shard costs one cache miss (and
+mostly a TLB miss) per row and column: 72 random cache lines per row. The kernels' gather of
+the 64 feature columns takes 1-2 ms per batch for random ids and ~0.2 ms for consecutive ids
+(same instructions, sequential memory): the gap is memory latency, not conversion. A bare
+Numba loop of 65,536 random 4-byte loads from the same memory map takes ~0.7-0.8 ms on this
+machine (software prefetch gained ~10 %), so the kernels run within ~1.4x of the machine's
+random-access floor; at that floor a full shuffle of this schema cannot exceed ~1.3 M rows/s
+per core. The Parquet ceiling and the torch baseline read sequentially (the baseline shuffles
+only inside a row group). Reaching the 4 M rows/s target needs batch-local access (smaller
+shuffle blocks / row-group-local shuffle in the order options), not a faster kernel.
+
+W2: decoding is simplejpeg (libjpeg-turbo), ~2.5-3x Pillow per core here. simplejpeg holds
+the GIL while decoding (measured: two threads decode no faster than one), so thread workers
+do not scale W2 past one core; process workers pay a shared-memory copy per batch and were
+slower here (14 k img/s). A decoder that releases the GIL would let W2 use both cores.
+"""
 
 
 def write_results(table: str, header: str) -> None:
     path = HERE / "RESULTS.md"
     text = path.read_text() if path.exists() else "# Benchmark results\n"
-    section = f"## Loader\n\n{header}\n\n{table}\n"
+    section = f"## Loader\n\n{header}\n\n{table}\n\n{NOTES}"
     start = text.find("## Loader\n")
     if start < 0:
         text = text.rstrip("\n") + "\n\n" + section
@@ -328,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--case", help=argparse.SUPPRESS)
     ap.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.case == "profile":
+        print(json.dumps(gather_profile(args.data)))
+        return 0
     if args.case:
         print(json.dumps(run_case(args.case, args.data)))
         return 0
@@ -347,6 +428,14 @@ def main(argv: list[str] | None = None) -> int:
               f"noisy), Python {platform.python_version()}, memcpy {memcpy / 1e9:.1f} GB/s. "
               f"Medians of {args.repeats} runs, each case in a fresh process.")
     table = build_table(results, memcpy)
+    if any(n.startswith("w1/stoker") for n in names):
+        prof = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--case", "profile",
+                               "--data", str(data["w1"])], capture_output=True, text=True,
+                              check=True).stdout.strip().splitlines()[-1]
+        parts = [f"{kind}: " + ", ".join(f"{k} {v:.2f}" for k, v in ms.items())
+                 + f" (total {sum(ms.values()):.2f})" for kind, ms in json.loads(prof).items()]
+        table += ("\n\nW1 stoker, ms per batch of 1024 on one core (kernel time per output; "
+                  "`--case profile`): " + "; ".join(parts) + ".")
     print(header + "\n\n" + table)
     if not args.no_write:
         write_results(table, header)

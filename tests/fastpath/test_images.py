@@ -103,3 +103,19 @@ def test_options_are_validated(kw: dict[str, object], match: str) -> None:
 def test_image_column_must_be_binary(images: Path) -> None:
     with pytest.raises(ValueError, match="'label' is int64; it must be a binary column"):
         DataLoader(images, batch_size=4, image=ImageOptions("label", size=(8, 8)))
+
+
+def test_png_goes_through_pillow(tmp_path: Path) -> None:
+    from fastpath_helpers import write_dataset
+
+    rng = np.random.default_rng(3)
+    pixels = [rng.integers(0, 256, (6, 5, 3), dtype=np.uint8) for _ in range(3)]
+    blobs = []
+    for p in pixels:
+        buf = io.BytesIO()
+        Image.fromarray(p).save(buf, "PNG")
+        blobs.append(buf.getvalue())
+    write_dataset(tmp_path, [pa.table({"png": pa.array(blobs, pa.binary())})])
+    batch = ArrowSource(Manifest.load(tmp_path), image=ImageOptions("png", size=(6, 5))).fetch(
+        np.array([2, 0]))
+    assert np.array_equal(batch["png"].numpy(), np.stack([pixels[2], pixels[0]]))  # lossless
