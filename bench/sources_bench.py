@@ -9,6 +9,9 @@ Parquet file, sharded into 64 MB shards (so there are several tasks to spread). 
 process, ``pq.read_table`` + one Arrow IPC file written (no hashing, fsync or manifest).
 "Dask, cluster per run" includes starting and closing a 2-worker ``LocalCluster``; "Dask,
 running cluster" submits to one started beforehand (a cluster's steady state).
+Part 3 (run before part 2): WebDataset tars (``--tars`` x ``--samples`` samples of a ~16 KB
+binary payload + ``cls`` + ``txt``) sharded into 32 MB shards; ceiling = one process iterating
+the samples with the ``webdataset`` package and writing one Arrow IPC file.
 Part 2: 1,000 Parquet files of 100 rows (4 columns); baseline = for each file, open the
 footer and xxh3 the bytes (the least an index must do); also ``stoker shard`` of the same files.
 Contenders are interleaved in every repeat; medians are reported.
@@ -41,6 +44,41 @@ def ceiling(src: Path, out: Path) -> None:
     table = pq.read_table(src)
     with pa.OSFile(str(out / "all.arrow"), "wb") as f, pa.ipc.new_file(f, table.schema) as w:
         w.write_table(table)
+
+
+def tar_ceiling(tars: list[Path], out: Path) -> None:
+    import webdataset as wds
+
+    schema = pa.schema([("__key__", pa.string()), ("cls", pa.int64()), ("jpg", pa.binary()),
+                        ("txt", pa.string())])
+    with pa.OSFile(str(out / "all.arrow"), "wb") as f, pa.ipc.new_file(f, schema) as w:
+        for tar in tars:
+            rows = list(wds.WebDataset(str(tar), shardshuffle=False, empty_check=False))
+            w.write_table(pa.table({"__key__": [r["__key__"] for r in rows],
+                                    "cls": [int(r["cls"]) for r in rows],
+                                    "jpg": [r["jpg"] for r in rows],
+                                    "txt": [r["txt"].decode() for r in rows]}, schema=schema))
+
+
+def write_bench_tars(root: Path, tars: int, samples: int) -> list[Path]:
+    import io
+    import tarfile
+
+    rng = np.random.default_rng(0)
+    root.mkdir()
+    paths = []
+    for t in range(tars):
+        path = root / f"part-{t:04d}.tar"
+        with tarfile.open(path, "w") as tar:
+            for i in range(samples):
+                key = f"s{t * samples + i:09d}"
+                for ext, data in (("jpg", rng.bytes(16000)), ("cls", str(i % 10).encode()),
+                                  ("txt", f"caption {i}".encode())):
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        paths.append(path)
+    return paths
 
 
 def footers_and_hashes(files: list[Path], out: Path) -> None:
@@ -90,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--files", type=int, default=1000)
+    parser.add_argument("--tars", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=1000, help="samples per tar")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="also write the results to this JSON file")
     args = parser.parse_args(argv)
@@ -121,6 +161,20 @@ def main(argv: list[str] | None = None) -> int:
                      "stoker dask, running cluster (2)": lambda out: sharded(
                          executor=DaskExecutor(address))(out)},
                     work, args.repeats, "ceiling (1 process)", mb, "MB")
+        tars = write_bench_tars(work / "tars", args.tars, args.samples)
+        tar_mb = sum(p.stat().st_size for p in tars) / 1e6
+        print(f"part 3: {args.tars} tars x {args.samples} samples, {tar_mb:.1f} MB, 32 MB shards")
+
+        def tar_sharded(**kw: object) -> Callable[[Path], None]:
+            return lambda out: shard(work / "tars", out / "ds", shard_size="32MB",
+                                     progress=False, **kw)
+
+        part3 = run({"ceiling (webdataset, 1 process)": lambda out: tar_ceiling(tars, out),
+                     "stoker local, 1 worker": tar_sharded(workers=1),
+                     "stoker local, 2 workers": tar_sharded(workers=2),
+                     "stoker dask, running cluster (2)": lambda out: tar_sharded(
+                         executor=DaskExecutor(address))(out)},
+                    work, args.repeats, "ceiling (webdataset, 1 process)", tar_mb, "MB")
         client.close()
         cluster.close()
         client = cluster = None
@@ -150,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps({"machine": machine(), "rows": args.rows,
                                                    "files": args.files, "engines": part1,
+                                                   "webdataset": part3,
                                                    "index": part2}, indent=1))
     finally:
         if client is not None:

@@ -145,10 +145,14 @@ class IndexSource(ArrowSource):
         return table
 
     def _read_group(self, index: int, group: int) -> pa.Table:
-        """One row group with every column of the dataset, cast to the manifest's types."""
+        """One row group with the columns this source reads, cast to the manifest's types."""
         info = self.manifest.shards[index]
         values = info.extra.get("partitions", [])
-        file_fields = [f for f in self._schema][:len(self._schema) - len(values)]
+        fields = list(self._schema)
+        cut = len(fields) - len(values)  # hive partition columns come after the file columns
+        wanted = set(self.columns)
+        file_fields = [f for f in fields[:cut] if f.name in wanted]
+        hive = [(f, v) for f, v in zip(fields[cut:], values) if f.name in wanted]
         table = pq.ParquetFile(self._path(index)).read_row_group(
             group, columns=[f.name for f in file_fields])
         if table.num_rows != info.batch_rows[group]:
@@ -159,10 +163,11 @@ class IndexSource(ArrowSource):
         arrays = [table.column(f.name) for f in file_fields]
         arrays = [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, file_fields)]
         n = table.num_rows
-        for field, value in zip(list(self._schema)[len(file_fields):], values):
+        for field, value in hive:
             arrays.append(pa.nulls(n, field.type) if value is None
                           else pa.repeat(pa.scalar(value, field.type), n))
-        return pa.Table.from_arrays(arrays, schema=self._schema).combine_chunks()
+        schema = pa.schema(file_fields + [f for f, _ in hive])
+        return pa.Table.from_arrays(arrays, schema=schema).combine_chunks()
 
     def _tar_rows(self, index: int, rows: np.ndarray, schema: pa.Schema) -> pa.Table:
         from stoker.sharder.source_webdataset import parse_members, samples_to_table

@@ -22,7 +22,6 @@ bytes and would change the fingerprint, hence the order, of identical data.)
 from __future__ import annotations
 
 import os
-import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +33,9 @@ from stoker.sharder.executor import Executor, LocalExecutor
 from stoker.sharder.inputs import InputFile, _partitions, detect_format
 from stoker.sharder.options import ShardOptions
 from stoker.sharder.plan import make_plan
-from stoker.sharder.source_webdataset import check_exts, column_type, tar_schema, typed_value
+from stoker.sharder.source_webdataset import tar_offsets, tar_schema
 
-__all__ = ["index", "tar_offsets"]
+__all__ = ["index"]
 
 
 def _walk(root: str) -> list[str]:
@@ -146,66 +145,6 @@ def _parquet(inputs: list[InputFile], hashes: dict[str, tuple[str, int]]
         extra: dict[str, Any] = {"partitions": list(values)} if plan.partition_fields else {}
         shards.append(ShardInfo(f.rel, scan.rows, size, digest, scan.row_groups, extra))
     return plan.schema, shards
-
-
-def tar_offsets(path: str) -> tuple[list[int], list[str]]:
-    """Byte offsets (N+1) of the samples of an uncompressed tar, and the extensions.
-
-    String and integer members are read and checked (they become typed columns); binary
-    members are not read. Raises SharderError for missing/extra files or a bad tar.
-    """
-    from webdataset.tariterators import base_plus_ext
-
-    starts: list[int] = []
-    end = 0
-    exts: list[str] | None = None
-    current: dict[str, Any] | None = None
-    seen: set[str] = set()
-
-    def close(sample: dict[str, Any] | None) -> None:
-        nonlocal exts
-        if sample is None:
-            return
-        if exts is None:
-            exts = sorted(k for k in sample if not k.startswith("__"))
-        check_exts(path, sample, exts)
-
-    try:
-        with tarfile.open(path, "r:") as tar:
-            for member in tar:
-                name = member.name
-                if not member.isreg() or ("/" not in name and name.startswith("__")):
-                    continue
-                prefix, suffix = base_plus_ext(name)
-                if prefix is None:
-                    raise SharderError(f"{path!r}: member {name!r} has no extension; rename or "
-                                       "remove it.")
-                suffix = suffix.lower()
-                if current is None or prefix != current["__key__"]:
-                    close(current)
-                    if prefix in seen:
-                        raise SharderError(f"{path!r}: sample key {prefix!r} appears twice; "
-                                           "write each sample's files together.")
-                    seen.add(prefix)
-                    current = {"__key__": prefix}
-                    starts.append(member.offset)
-                if suffix in current:
-                    raise SharderError(f"{path!r}: duplicate file {name!r} in one sample.")
-                data = b""
-                if not pa.types.is_binary(column_type(suffix)):
-                    data = tar.extractfile(member).read()  # type: ignore[union-attr]
-                    typed_value(path, prefix, suffix, data)
-                current[suffix] = data
-                end = member.offset_data + -(-member.size // 512) * 512
-    except SharderError:
-        raise
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise SharderError(f"cannot index {path!r} as an uncompressed tar ({type(exc).__name__}:"
-                           f" {exc}); fix or remove it.") from exc
-    close(current)
-    if exts is None:
-        raise SharderError(f"{path!r} holds no samples; remove it from SRC.")
-    return starts + [end], exts
 
 
 def _tars(inputs: list[InputFile], hashes: dict[str, tuple[str, int]]

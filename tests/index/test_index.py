@@ -61,6 +61,8 @@ def test_parquet_index_is_row_group_granular_and_in_place(pq_index) -> None:
     assert [int(r["x"]) for r in rows] == expected.column("x").to_pylist()
     assert [r["s"] for r in rows] == expected.column("s").to_pylist()
     assert [int(r["day"]) for r in rows] == expected.column("day").to_pylist()
+    some = next(iter(DataLoader(str(root), batch_size=200, shuffle=False, columns=["day", "s"])))
+    assert sorted(some) == ["day", "s"] and some["s"] == expected.column("s").to_pylist()[:200]
 
 
 def test_parquet_index_order_is_deterministic_across_workers_and_resumes(pq_index) -> None:

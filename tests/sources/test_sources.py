@@ -233,3 +233,14 @@ def test_cli_format_overrides_detection(tmp_path: Path) -> None:
     assert main(["shard", str(tmp_path / "t.bin"), str(tmp_path / "tok"), "--token-dtype",
                  "uint16", "--seq-len", "100", "--quiet"]) == 0
     assert main(["shard", str(tmp_path / "t.bin"), str(tmp_path / "tok2"), "--quiet"]) == 2
+
+
+def test_webdataset_offset_reads_equal_stream_reads(tmp_path: Path) -> None:
+    """Uncompressed tars are read by byte spans, compressed ones as streams: same shards."""
+    write_tars(tmp_path / "plain", long_keys=True)
+    write_tars(tmp_path / "zst", compress="zst", long_keys=True)
+    shard(tmp_path / "plain", tmp_path / "a", rows_per_shard=6, workers=2)
+    shard(tmp_path / "zst", tmp_path / "b", rows_per_shard=6)
+    shards_a = {k: v for k, v in dataset_bytes(tmp_path / "a").items() if k.startswith("shards/")}
+    shards_b = {k: v for k, v in dataset_bytes(tmp_path / "b").items() if k.startswith("shards/")}
+    assert len(shards_a) == 7 and shards_a == shards_b
