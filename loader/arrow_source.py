@@ -92,7 +92,8 @@ class ArrowSource:
             if image.column not in self.columns:
                 self.columns.append(image.column)
         self._plan = FastPlan(schema, self.columns, self.features, self.categoricals, image) \
-            if fast and FastPlan.supports(schema, self.features, self.categoricals) else None
+            if fast and getattr(manifest, "kind", "arrow") == "arrow" \
+            and FastPlan.supports(schema, self.features, self.categoricals) else None
         self._ring = BufferRing(ring_depth, pin)
         self._data: dict[int, ShardData | None] = {}
         self._opener = opener or self._local_opener

@@ -187,7 +187,8 @@ class DataLoader:
                 make = IndexSource
             source = make(manifest, columns=columns, features=features, opener=opener,
                           max_open=max_open, categoricals=self._categoricals,
-                          image=self._image, pin=self._pin_source)
+                          image=self._image, pin=self._pin_source,
+                          ring_depth=max(8, self.num_workers * self.prefetch_factor + 3))
             self._collate = collate_fn
             return source
         if isinstance(dataset, IterableDataset):
