@@ -6,25 +6,49 @@ locked. Locks taken through different ``open()`` calls conflict even inside one 
 which is what lets a pin (shared) in one thread block an eviction (exclusive) in another.
 Lock files are never deleted: deleting one while another process waits on it would let two
 holders lock two different inodes under one name.
+
+A forked child inherits the descriptors, and with them the locks (``flock`` belongs to the
+open file description, which the child shares): a child that lives on would hold its parent's
+locks for its whole life, and deadlock on them. So every child closes, right after ``fork``,
+the descriptors of the locks its parent held; the parent keeps its locks.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import threading
 import time
 
 __all__ = ["FileLock"]
+
+_OPEN_FDS: set[int] = set()  # descriptors of the locks this process holds
+_OPEN_MUTEX = threading.Lock()
+
+
+def _close_inherited() -> None:
+    """In a forked child: drop the parent's lock descriptors (the parent keeps its locks)."""
+    for fd in list(_OPEN_FDS):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _OPEN_FDS.clear()
+
+
+os.register_at_fork(before=_OPEN_MUTEX.acquire, after_in_parent=_OPEN_MUTEX.release,
+                    after_in_child=lambda: (_OPEN_MUTEX.release(), _close_inherited()))
 
 
 class FileLock:
     """One ``flock`` lock on ``path``; shared or exclusive, blocking, timed or non-blocking."""
 
-    __slots__ = ("_fd", "path", "shared")
+    __slots__ = ("_fd", "_pid", "path", "shared")
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._fd: int | None = None
+        self._pid = 0
         self.shared = False
 
     @property
@@ -38,9 +62,14 @@ class FileLock:
         to shared. The kernel does not convert atomically (another process may take the lock
         in between), so the caller re-checks whatever the lock protects after converting.
         """
+        if self._fd is not None and self._pid != os.getpid():
+            self._fd = None  # inherited through fork: the child closed that descriptor
         fresh = self._fd is None
         if fresh:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            with _OPEN_MUTEX:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                _OPEN_FDS.add(self._fd)
+            self._pid = os.getpid()
         op = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 0.001
@@ -63,4 +92,8 @@ class FileLock:
         """Drop the lock (idempotent)."""
         if self._fd is not None:
             fd, self._fd = self._fd, None
-            os.close(fd)  # closing the only descriptor releases the flock
+            if self._pid != os.getpid():
+                return  # inherited through fork: closed in the child already, not ours
+            with _OPEN_MUTEX:
+                _OPEN_FDS.discard(fd)
+                os.close(fd)  # closing the only descriptor releases the flock

@@ -53,10 +53,15 @@ def repair(layout: Layout, manifest: Manifest, counters: _Counters) -> None:
             _remove(entry.path, "foreign file", counters)
             continue
         with _try_lock(layout, idx) as free:
-            if free and vouched(layout, manifest, idx) is None and not _readopt(layout, manifest, idx):
-                _remove(entry.path, "unverified shard file", counters)
+            if free and vouched(layout, manifest, idx) is None:
+                verdict = _readopt(layout, manifest, idx)
+                if verdict == "corrupt":  # the right size, the wrong bytes: bit rot, a bad copy
+                    _quarantine(layout, idx, entry.path, counters)
+                elif verdict != "kept":
+                    _remove(entry.path, "unverified shard file", counters)
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(layout.sidecar(idx))
+                    if verdict != "kept":
+                        os.unlink(layout.sidecar(idx))
     for entry in os.scandir(layout.meta):
         writing = Layout.meta_temp_index(entry.name)
         if writing is not None:  # a sidecar being written under its shard's lock
@@ -69,12 +74,16 @@ def repair(layout: Layout, manifest: Manifest, counters: _Counters) -> None:
             _remove(entry.path, "orphan sidecar", counters)
 
 
-def _readopt(layout: Layout, manifest: Manifest, i: int) -> bool:
-    """Re-hash a committed file its sidecar no longer vouches for; keep it if it verifies."""
+def _readopt(layout: Layout, manifest: Manifest, i: int) -> str:
+    """Re-hash a committed file its sidecar no longer vouches for; keep it if it verifies.
+
+    Returns ``"kept"``, ``"corrupt"`` (it should verify by its size but its hash is wrong) or
+    ``"unverifiable"`` (nothing to check it against: removed and fetched again).
+    """
     path = layout.data(i)
     st = os.stat(path)
     if st.st_size == 0:
-        return False
+        return "unverifiable"
     side = Sidecar.read(layout.sidecar(i))
     shard = manifest.shards[i]
     materialised = manifest.compression == "zstd"
@@ -83,12 +92,22 @@ def _readopt(layout: Layout, manifest: Manifest, i: int) -> bool:
     elif side is None and not materialised and st.st_size == shard.bytes:
         expected = shard.xxh3_128  # committed but the sidecar was never written
     else:
-        return False
+        return "unverifiable"
     if hash_file(path)[0] != expected:
-        return False
+        return "corrupt"
     Sidecar(shard.xxh3_128, shard.bytes, expected, st.st_size, st.st_mtime_ns,
             materialised).write(layout.sidecar(i))
-    return True
+    return "kept"
+
+
+def _quarantine(layout: Layout, i: int, path: str, counters: _Counters) -> None:
+    """Set a corrupt committed file aside (quarantined copies are the first to be evicted)."""
+    log.warning("cache repair: shard %d's cached copy %s fails verification; quarantined, it "
+                "will be fetched again", i, path)
+    with contextlib.suppress(FileNotFoundError):
+        os.replace(path, layout.quarantined(i))
+        counters.add("quarantines")
+        counters.add("repaired")
 
 
 @contextlib.contextmanager

@@ -134,6 +134,9 @@ class ShardCache:
         self._future: FutureIndex | None = None
         self._claimed: set[int] = set()
         self._prefetch_failed: set[int] = set()  # left to the foreground until set_future
+        # Shards whose remote copy failed verification twice: asking again (a prefetch, then
+        # the reader, then its fallback path) must not download the same bad bytes again.
+        self._corrupt: dict[int, str] = {}
         self._clock = itertools.count(1)
         self._last_used: dict[int, int] = {}
         self._budget = Budget(self._layout, self._limit, allowance, inflight_allowance is None,
@@ -361,6 +364,8 @@ class ShardCache:
         Returns False only when a prefetch declines (no room without hurting the schedule).
         """
         shard = self._manifest.shards[i]
+        if i in self._corrupt:
+            raise ShardIntegrityError(self._corrupt[i], shard=shard.path)
         if not self._budget.with_room(i, shard.bytes, prefetch):
             return False
         url = self._manifest.shard_location(i)
@@ -378,11 +383,12 @@ class ShardCache:
                     break
                 self._quarantine(i, part, problem)
                 if attempt == 2:
-                    raise ShardIntegrityError(
+                    self._corrupt[i] = (
                         f"shard {i} ({shard.path!r}) from {shown} failed verification twice "
                         f"({problem}); the stored copy is corrupt or differs from the manifest. "
                         f"Restore the shard or re-create the dataset with `stoker shard`; the "
-                        f"rejected copies are in {self._layout.quarantine}.", shard=shard.path)
+                        f"rejected copies are in {self._layout.quarantine}.")
+                    raise ShardIntegrityError(self._corrupt[i], shard=shard.path)
             final, local_hash = part, shard.xxh3_128
             if self._zstd:
                 final = materialise(part, lambda n: self._reserve_rewrite(i, n))

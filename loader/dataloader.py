@@ -52,6 +52,8 @@ class DataLoader:
         worker_mode: ``"thread"`` (default) or ``"process"``.
         device: move batches there (``"cuda"``: pinned host buffers + side-stream copies).
         cache_dir, cache_limit, storage_options: for remote datasets (node-local cache).
+        cache_options: further ``ShardCache`` keyword arguments (``retry=RetryPolicy(...)``,
+            ``inflight_allowance``, ``prefetch_workers``, ...).
         ledger, ledger_ids: write a reproducibility ledger to this path.
 
     ``batch_size`` is per rank, as in torch DDP: the global batch is ``batch_size * world_size``.
@@ -94,6 +96,7 @@ class DataLoader:
         ledger_ids: bool = False,
         categoricals: Sequence[str] | None = None,
         image: ImageOptions | None = None,
+        cache_options: Mapping[str, Any] | None = None,
     ) -> None:
         _check_torch_args(batch_size, shuffle, sampler, batch_sampler, drop_last, num_workers,
                           timeout, prefetch_factor, persistent_workers)
@@ -114,6 +117,7 @@ class DataLoader:
         self._cache = None
         self._categoricals = categoricals
         self._image = image
+        self._cache_options = cache_options
         # the fast path writes batches straight into page-locked buffers when they will be
         # copied to a GPU (see stoker.loader.transfer)
         wants_gpu = pin_memory or bool(pin_memory_device) or str(device or "").startswith("cuda")
@@ -155,6 +159,7 @@ class DataLoader:
         self._ledger_path = ledger
         self._ledger_ids = ledger_ids
         self._resumed_from: dict[str, Any] | None = None
+        self._cache_seen: Any = None  # cache counters already written to the ledger
         self._task = _BatchTask(self._source, self._collate, transform)
 
     # -- construction helpers --------------------------------------------------------------
@@ -179,7 +184,7 @@ class DataLoader:
                 owned = -(-(partitions or OrderOptions().partitions) // self.world_size)
                 max_open = 2 * owned + self.num_workers + 2
                 self._cache, opener = open_cache(manifest, cache_dir, cache_limit,
-                                                 storage_options, max_open)
+                                                 storage_options, max_open, self._cache_options)
             make = ArrowSource
             if manifest.kind != "arrow":  # files indexed in place by `stoker index`
                 from stoker.loader.index_source import IndexSource
@@ -425,11 +430,27 @@ class _Iter:
         between = loader.stats.record(len(ids), waited)
         if self._ledger is not None:
             self._ledger.step(self._epoch, step, loader.rank, ids, waited, between)
+            self._cache_events()
         loader._step = step + 1
         return batch
 
+    def _cache_events(self) -> None:
+        """Write what the cache did since the last batch (retries, quarantines, repairs) as
+        ledger events, so a run's faults are on record next to the steps they delayed."""
+        cache, ledger = self._loader._cache, self._ledger
+        if cache is None or ledger is None:
+            return
+        now = cache.stats()
+        seen = self._loader._cache_seen
+        for kind, field in _CACHE_EVENTS:
+            n = getattr(now, field) - (getattr(seen, field) if seen is not None else 0)
+            if n > 0:
+                ledger.event(kind, count=n)
+        self._loader._cache_seen = now
+
     def _finish(self) -> Any:
         loader = self._loader
+        self._cache_events()
         if loader._epoch == self._epoch and loader._active is self:
             loader._epoch, loader._step = self._epoch + 1, 0
         self.close()
@@ -455,6 +476,11 @@ class _Iter:
             self.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+# (ledger event kind, CacheStats counter)
+_CACHE_EVENTS = (("retry", "retries"), ("restart", "restarts"), ("quarantine", "quarantines"),
+                 ("repair", "repaired"))
 
 
 def _is_remote(root: str | None) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from contextlib import AbstractContextManager
 from typing import Any, Callable, Mapping
 
@@ -13,15 +14,50 @@ __all__ = ["open_cache"]
 
 def open_cache(manifest: Manifest, cache_dir: str | os.PathLike[str] | None,
                cache_limit: int | str | None, storage_options: Mapping[str, Any] | None,
-               max_open: int) -> tuple[Any, Callable[[int], AbstractContextManager[str]]]:
+               max_open: int, cache_options: Mapping[str, Any] | None = None,
+               ) -> tuple[Any, Callable[[int], AbstractContextManager[str]]]:
     """A :class:`stoker.cache.ShardCache` for ``manifest`` and the opener the reader uses.
 
     The opener pins a shard for as long as the reader keeps it open, so the cache never
     evicts a shard that is being read; ``max_open`` (the reader's open-shard bound) lets the
     cache refuse, at start, a ``cache_limit`` too small to hold that many pinned shards.
+    ``cache_options`` are further :class:`~stoker.cache.ShardCache` keyword arguments
+    (``retry``, ``inflight_allowance``, ``prefetch_workers``, ...).
     """
     from stoker.cache import ShardCache, default_cache_dir
 
+    extra = dict(cache_options or {})
+    clash = {"limit", "storage_options", "max_pinned"} & set(extra)
+    if clash:
+        raise ValueError(f"cache_options may not set {sorted(clash)}: pass cache_limit= and "
+                         "storage_options= to the DataLoader (max_pinned follows the reader).")
     cache = ShardCache(manifest, cache_dir if cache_dir is not None else default_cache_dir(),
-                       limit=cache_limit, storage_options=storage_options, max_pinned=max_open)
-    return cache, cache.pin
+                       limit=cache_limit, storage_options=storage_options, max_pinned=max_open,
+                       **extra)
+    return cache, _Opener(cache)
+
+
+class _Opener:
+    """``cache.pin``, re-opened once in each forked worker process.
+
+    A ShardCache's locks and threads belong to the process that made it, so a worker forked
+    from the loader re-opens the same cache directory (what unpickling a ShardCache does)
+    the first time it reads a shard.
+    """
+
+    def __init__(self, cache: Any) -> None:
+        self._cache = cache
+        self._pid = os.getpid()
+        self._mutex = threading.Lock()
+
+    def __call__(self, index: int) -> AbstractContextManager[str]:
+        if os.getpid() != self._pid:
+            with self._mutex:
+                if os.getpid() != self._pid:
+                    rebuild, args = self._cache.__reduce__()
+                    self._cache = rebuild(*args)
+                    self._pid = os.getpid()
+        return self._cache.pin(index)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # spawned workers: the cache re-opens itself
+        return (_Opener, (self._cache,))
