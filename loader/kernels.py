@@ -11,8 +11,9 @@ Column descriptions (``meta``) hold *byte* offsets into the arena, ``-1`` for "n
 bitmap", and the Arrow array offset (sliced arrays), per record batch.
 
 Null rule (documented for users): a null numeric value is written as 0 (``False`` for bool,
-0 for categorical codes); a null list or binary value is empty. This is what the pyarrow path
-(``stoker.loader.convert``) does, so both paths return equal batches.
+0 for categorical codes); a null list is empty (its lengths entry is 0); a null binary or
+string value is ``None`` in the batch's list (``var_lengths`` marks it -1). This is what the
+pyarrow path (``stoker.loader.convert``) does, so both paths return equal batches.
 """
 
 from __future__ import annotations
