@@ -33,7 +33,8 @@ from stoker.sharder.executor import Executor, LocalExecutor
 from stoker.sharder.inputs import InputFile, _partitions, detect_format
 from stoker.sharder.options import ShardOptions
 from stoker.sharder.plan import make_plan
-from stoker.sharder.source_webdataset import tar_offsets, tar_schema
+from stoker.sharder.source_webdataset import tar_schema
+from stoker.sharder.tar_layout import tar_layout
 
 __all__ = ["index"]
 
@@ -151,7 +152,8 @@ def _tars(inputs: list[InputFile], hashes: dict[str, tuple[str, int]]
           ) -> tuple[pa.Schema, list[ShardInfo]]:
     shards, first_exts = [], None
     for f in inputs:
-        offsets, exts = tar_offsets(f.path)
+        layout = tar_layout(f.path)
+        offsets, exts = list(layout.offsets), list(layout.exts)
         if first_exts is None:
             first_exts = (exts, f.path)
         elif exts != first_exts[0]:

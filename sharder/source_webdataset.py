@@ -2,7 +2,7 @@
 
 Read through the ``webdataset`` package (``tar_file_iterator`` + ``group_by_keys``), so a
 sample is exactly what WebDataset itself would yield. An uncompressed ``.tar`` is scanned by
-its member headers (:func:`tar_offsets`, the same offsets ``stoker index`` records) and each
+its member headers (:mod:`stoker.sharder.tar_layout`, the offsets ``stoker index`` records) and each
 sample read by its byte span, so any row range is read alone; ``.tgz``/``.tar.gz`` are read
 as streams and ``.tar.zst`` is decompressed with ``zstandard`` first (consecutive ranges of one
 file then continue one stream).
@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import io
 import itertools
-import re
 import tarfile
 import threading
 from typing import Any, Iterator, Sequence
@@ -36,13 +35,12 @@ import pyarrow as pa
 import zstandard
 
 from stoker.sharder.errors import SharderError
+from stoker.sharder.tar_layout import tar_layout
 
 __all__ = ["KEY_COLUMN", "check_exts", "column_type", "iter_samples", "open_tar", "parse_members",
-           "read_tar", "sample_exts", "samples_to_table", "scan_tar", "tar_offsets", "tar_schema",
-           "typed_value"]
+           "read_tar", "sample_exts", "samples_to_table", "scan_tar", "tar_schema", "typed_value"]
 
 KEY_COLUMN = "__key__"
-_META = re.compile(r"__[^/]*__($|/)")  # webdataset's tar_file_iterator skip_meta default
 _STRING_EXTS = ("txt", "text", "json")
 _INT_EXTS = ("cls",)
 
@@ -84,74 +82,6 @@ def _members(stream: Any, path: str) -> Iterator[dict[str, Any]]:
                                "remove it from the tar.")
         member["__url__"] = path
         yield member
-
-
-def _is_meta(name: str) -> bool:
-    """Members WebDataset's tar iterator skips (``__*__`` metadata)."""
-    from webdataset.tariterators import meta_prefix, meta_suffix
-
-    return bool(_META.match(name)) or (
-        "/" not in name and name.startswith(meta_prefix) and name.endswith(meta_suffix))
-
-
-def tar_offsets(path: str) -> tuple[list[int], list[str]]:
-    """Byte offsets (N+1) of the samples of an uncompressed tar, and the extensions.
-
-    String and integer members are read and checked (they become typed columns); binary
-    members are not read. Raises SharderError for missing/extra files or a bad tar.
-    """
-    from webdataset.tariterators import base_plus_ext
-
-    starts: list[int] = []
-    end = 0
-    exts: list[str] | None = None
-    current: dict[str, Any] | None = None
-    seen: set[str] = set()
-
-    def close(sample: dict[str, Any] | None) -> None:
-        nonlocal exts
-        if sample is None:
-            return
-        if exts is None:
-            exts = sorted(k for k in sample if not k.startswith("__"))
-        check_exts(path, sample, exts)
-
-    try:
-        with tarfile.open(path, "r:") as tar:
-            for member in tar:
-                name = member.name
-                if not member.isreg() or _is_meta(name):
-                    continue
-                prefix, suffix = base_plus_ext(name)
-                if prefix is None:
-                    raise SharderError(f"{path!r}: member {name!r} has no extension; rename or "
-                                       "remove it.")
-                suffix = suffix.lower()
-                if current is None or prefix != current["__key__"]:
-                    close(current)
-                    if prefix in seen:
-                        raise SharderError(f"{path!r}: sample key {prefix!r} appears twice; "
-                                           "write each sample's files together.")
-                    seen.add(prefix)
-                    current = {"__key__": prefix}
-                    starts.append(member.offset)
-                if suffix in current:
-                    raise SharderError(f"{path!r}: duplicate file {name!r} in one sample.")
-                data = b""
-                if not pa.types.is_binary(column_type(suffix)):
-                    data = tar.extractfile(member).read()  # type: ignore[union-attr]
-                    typed_value(path, prefix, suffix, data)
-                current[suffix] = data
-                end = member.offset_data + -(-member.size // 512) * 512
-    except SharderError:
-        raise
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise SharderError(f"cannot index {path!r} as an uncompressed tar ({type(exc).__name__}:"
-                           f" {exc}); fix or remove it.") from exc
-    close(current)
-    if exts is None:
-        raise SharderError(f"{path!r} holds no samples; remove it from SRC.")
-    return starts + [end], exts
 
 
 def iter_samples(path: str, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
@@ -240,8 +170,8 @@ def scan_tar(path: str) -> tuple[int, pa.Schema]:
     compressed one is read through.
     """
     if _seekable(path):
-        offsets, found = tar_offsets(path)
-        return len(offsets) - 1, tar_schema(found)
+        layout = tar_layout(path)
+        return len(layout.keys), tar_schema(layout.exts)
     rows, exts = 0, None
     for sample in iter_samples(path):
         if exts is None:
@@ -259,8 +189,6 @@ class _Cursor(threading.local):
 
     path: tuple[str, Any] | None = None
     position = 0
-    offsets: list[int] = []
-    offsets_of: tuple[str, Any] | None = None
     samples: Iterator[dict[str, Any]] = iter(())
 
 
@@ -277,7 +205,7 @@ def read_tar(path: str, schema: pa.Schema, columns: list[str], start: int, stop:
     exts = sorted(n for n in schema.names if n != KEY_COLUMN)
     target = pa.schema([schema.field(c) for c in columns])
     if _seekable(path):
-        return samples_to_table(path, _spans(path, identity, exts, start, stop), target)
+        return samples_to_table(path, _spans(path, exts, start, stop), target)
     cur = _cursor
     if cur.path != (path, identity) or cur.position > start:
         close = getattr(cur.samples, "close", None)
@@ -297,29 +225,35 @@ def read_tar(path: str, schema: pa.Schema, columns: list[str], start: int, stop:
     return samples_to_table(path, samples, target)
 
 
-def _spans(path: str, identity: Any, exts: list[str], start: int, stop: int
-           ) -> list[dict[str, Any]]:
-    """Samples ``[start, stop)`` of an uncompressed tar, each read by its byte span."""
-    cur = _cursor
-    if cur.offsets_of != (path, identity):
-        cur.offsets, cur.offsets_of = tar_offsets(path)[0], (path, identity)
-    offsets = cur.offsets
-    if stop > len(offsets) - 1:
-        raise SharderError(f"{path!r} holds {len(offsets) - 1} samples, fewer than when the plan "
+def _spans(path: str, exts: list[str], start: int, stop: int) -> list[dict[str, Any]]:
+    """Samples ``[start, stop)`` of an uncompressed tar, read in one span by their offsets."""
+    layout = tar_layout(path)
+    if stop > len(layout.keys):
+        raise SharderError(f"{path!r} holds {len(layout.keys)} samples, fewer than when the plan "
                            f"counted them (wanted {start}..{stop}); the file changed during "
                            "sharding. Run `stoker shard` again.")
-    samples = []
+    if list(layout.exts) != exts:
+        raise SharderError(f"{path!r}: samples have files {list(layout.exts)} but the dataset's "
+                           f"have {exts}; every tar needs the same files per sample.")
+    base = layout.offsets[start]
     with open(path, "rb") as f:
-        f.seek(offsets[start])
-        for i in range(start, stop):
-            sample = parse_members(f.read(offsets[i + 1] - offsets[i]), path)
-            check_exts(path, sample, exts)
-            samples.append(sample)
+        f.seek(base)
+        span = f.read(layout.offsets[stop] - base)
+    if len(span) != layout.offsets[stop] - base:
+        raise SharderError(f"{path!r} is shorter than when it was scanned; the file changed "
+                           "during sharding. Run `stoker shard` again.")
+    view = memoryview(span)
+    samples = []
+    for i in range(start, stop):
+        sample: dict[str, Any] = {"__key__": layout.keys[i]}
+        for ext, offset, size in layout.members[i]:
+            sample[ext] = bytes(view[offset - base:offset - base + size])
+        samples.append(sample)
     return samples
 
 
 def parse_members(data: bytes, path: str = "<span>") -> dict[str, Any]:
-    """One sample from the raw tar bytes of its members (a span found by :func:`tar_offsets`)."""
+    """One sample from the raw tar bytes of its members (a span of a :class:`TarLayout`)."""
     from webdataset.tariterators import group_by_keys
 
     members = list(_members(io.BytesIO(data), path))

@@ -244,3 +244,17 @@ def test_webdataset_offset_reads_equal_stream_reads(tmp_path: Path) -> None:
     shards_a = {k: v for k, v in dataset_bytes(tmp_path / "a").items() if k.startswith("shards/")}
     shards_b = {k: v for k, v in dataset_bytes(tmp_path / "b").items() if k.startswith("shards/")}
     assert len(shards_a) == 7 and shards_a == shards_b
+
+
+def test_tar_layout_splits_names_like_webdataset() -> None:
+    from webdataset import tariterators as wt
+
+    from stoker.sharder.tar_layout import base_plus_ext, is_meta
+
+    names = ["a.jpg", "dir/a.b.c", "d.d/x.seg.png", "noext", "dir/", "__meta__", "__key__.txt",
+             "x/__y__/z.txt", ".hidden", "a..b", "dir.v1/file", "é/ü.json", "a/b/c.d.e"]
+    for name in names:
+        assert base_plus_ext(name) == wt.base_plus_ext(name), name
+        skipped = bool(__import__("re").match(r"__[^/]*__($|/)", name)) or (
+            "/" not in name and name.startswith(wt.meta_prefix) and name.endswith(wt.meta_suffix))
+        assert is_meta(name) == skipped, name
