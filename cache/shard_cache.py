@@ -27,13 +27,13 @@ import logging
 import math
 import os
 import threading
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import numpy as np
 
 from stoker.cache.budget import Budget, CommittedFile
-from stoker.cache.errors import CacheError, CacheLimitError
+from stoker.cache.errors import CacheError, CacheLimitError, RemoteFetchError
 from stoker.cache.fetch import Fetcher, Job, Mismatch, download
 from stoker.cache.fetch_fsspec import FsspecFetcher, LocalFetcher
 from stoker.cache.fetch_http import HttpFetcher
@@ -134,9 +134,10 @@ class ShardCache:
         self._future: FutureIndex | None = None
         self._claimed: set[int] = set()
         self._prefetch_failed: set[int] = set()  # left to the foreground until set_future
-        # Shards whose remote copy failed verification twice: asking again (a prefetch, then
-        # the reader, then its fallback path) must not download the same bad bytes again.
-        self._corrupt: dict[int, str] = {}
+        # Shards whose download failed for good (verification failed twice, a permanent
+        # refusal, retries exhausted in the foreground): asking again before the plan changes
+        # (the reader, then its fallback path) re-raises instead of downloading again.
+        self._failed: dict[int, Callable[[], Exception]] = {}
         self._clock = itertools.count(1)
         self._last_used: dict[int, int] = {}
         self._budget = Budget(self._layout, self._limit, allowance, inflight_allowance is None,
@@ -196,6 +197,7 @@ class ShardCache:
         with self._wake:
             self._future = future
             self._prefetch_failed.clear()
+            self._failed.clear()
             self._wake.notify_all()
 
     def stats(self) -> CacheStats:
@@ -364,8 +366,22 @@ class ShardCache:
         Returns False only when a prefetch declines (no room without hurting the schedule).
         """
         shard = self._manifest.shards[i]
-        if i in self._corrupt:
-            raise ShardIntegrityError(self._corrupt[i], shard=shard.path)
+        failed = self._failed.get(i)
+        if failed is not None:
+            raise failed()
+        try:
+            return self._fetch_checked(i, prefetch=prefetch)
+        except RemoteFetchError as exc:
+            if not prefetch:  # a failed prefetch is left to the foreground to try again
+                self._failed[i] = lambda e=exc: RemoteFetchError(  # type: ignore[misc]
+                    str(e), shard=e.shard, url=e.url, status=e.status, attempts=e.attempts)
+            raise
+        except ShardIntegrityError as exc:
+            self._failed[i] = lambda e=exc: ShardIntegrityError(str(e), shard=e.shard)  # type: ignore[misc]
+            raise
+
+    def _fetch_checked(self, i: int, *, prefetch: bool) -> bool:
+        shard = self._manifest.shards[i]
         if not self._budget.with_room(i, shard.bytes, prefetch):
             return False
         url = self._manifest.shard_location(i)
@@ -383,12 +399,11 @@ class ShardCache:
                     break
                 self._quarantine(i, part, problem)
                 if attempt == 2:
-                    self._corrupt[i] = (
+                    raise ShardIntegrityError(
                         f"shard {i} ({shard.path!r}) from {shown} failed verification twice "
                         f"({problem}); the stored copy is corrupt or differs from the manifest. "
                         f"Restore the shard or re-create the dataset with `stoker shard`; the "
-                        f"rejected copies are in {self._layout.quarantine}.")
-                    raise ShardIntegrityError(self._corrupt[i], shard=shard.path)
+                        f"rejected copies are in {self._layout.quarantine}.", shard=shard.path)
             final, local_hash = part, shard.xxh3_128
             if self._zstd:
                 final = materialise(part, lambda n: self._reserve_rewrite(i, n))

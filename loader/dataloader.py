@@ -31,7 +31,7 @@ from stoker.loader.stats import LoaderStats
 from stoker.loader.torch_source import TorchSource
 from stoker.loader.transfer import Transfer
 from stoker.loader.workers import WorkerPool, make_pool
-from stoker.manifest import Manifest, redact_url
+from stoker.manifest import Manifest, ManifestError, redact_url
 
 __all__ = ["DataLoader"]
 
@@ -185,6 +185,8 @@ class DataLoader:
                 max_open = 2 * owned + self.num_workers + 2
                 self._cache, opener = open_cache(manifest, cache_dir, cache_limit,
                                                  storage_options, max_open, self._cache_options)
+            elif manifest.kind == "arrow":
+                _check_local_shards(manifest)
             make = ArrowSource
             if manifest.kind != "arrow":  # files indexed in place by `stoker index`
                 from stoker.loader.index_source import IndexSource
@@ -476,6 +478,29 @@ class _Iter:
             self.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+def _check_local_shards(manifest: Manifest) -> None:
+    """Every local shard exists with the size its manifest records (one ``stat`` each).
+
+    Without a cache nothing verifies local shards as they are read, so a truncated or
+    replaced file is refused here, before any worker starts, instead of surfacing as an Arrow
+    decoding error (or wrong data) in the middle of an epoch.
+    """
+    for i, shard in enumerate(manifest.shards):
+        path = manifest.shard_location(i).removeprefix("file://")
+        try:
+            size = os.stat(path).st_size
+        except OSError as exc:
+            raise ManifestError(f"shard {i} ({shard.path!r}) cannot be read at {path} "
+                                f"({type(exc).__name__}: {exc.strerror}); the dataset is "
+                                "incomplete. Restore the file or re-create the dataset with "
+                                "`stoker shard`.", field="shards") from None
+        if size != shard.bytes:
+            raise ManifestError(f"shard {i} ({shard.path!r}) has {size} bytes at {path}, the "
+                                f"manifest says {shard.bytes}; the file was truncated or "
+                                "replaced. Restore it or re-create the dataset with "
+                                "`stoker shard`.", field="shards")
 
 
 # (ledger event kind, CacheStats counter)
