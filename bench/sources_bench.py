@@ -38,6 +38,7 @@ from stoker.manifest import hash_file, stoker_version
 from stoker.sharder import shard
 from stoker.sharder.index import index
 from stoker.sharder.synthetic import write_tabular_parquet
+from stoker.sharder.tar_layout import _CACHE as _LAYOUTS
 
 
 def ceiling(src: Path, out: Path) -> None:
@@ -166,8 +167,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"part 3: {args.tars} tars x {args.samples} samples, {tar_mb:.1f} MB, 32 MB shards")
 
         def tar_sharded(**kw: object) -> Callable[[Path], None]:
-            return lambda out: shard(work / "tars", out / "ds", shard_size="32MB",
-                                     progress=False, **kw)
+            def go(out: Path) -> None:
+                _LAYOUTS.clear()  # a fresh process would scan the tar headers again
+                shard(work / "tars", out / "ds", shard_size="32MB", progress=False, **kw)
+            return go
 
         part3 = run({"ceiling (webdataset, 1 process)": lambda out: tar_ceiling(tars, out),
                      "stoker local, 1 worker": tar_sharded(workers=1),
