@@ -61,6 +61,11 @@ def test_parquet_index_is_row_group_granular_and_in_place(pq_index) -> None:
     assert [int(r["x"]) for r in rows] == expected.column("x").to_pylist()
     assert [r["s"] for r in rows] == expected.column("s").to_pylist()
     assert [int(r["day"]) for r in rows] == expected.column("day").to_pylist()
+    assert main(["verify", str(root), "--quiet"]) == 0
+    assert main(["inspect", str(root)]) == 0
+    before = (root / "manifest.json").read_bytes()
+    assert main(["index", str(root), "--overwrite", "--workers", "2", "--quiet"]) == 0
+    assert (root / "manifest.json").read_bytes() == before  # any worker count, same manifest
     some = next(iter(DataLoader(str(root), batch_size=200, shuffle=False, columns=["day", "s"])))
     assert sorted(some) == ["day", "s"] and some["s"] == expected.column("s").to_pylist()[:200]
 
