@@ -9,10 +9,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["DataLoader", "LoaderError", "LoaderTimeoutError", "StateError", "WorkerError"]
+__all__ = ["DataLoader", "ImageOptions", "LoaderError", "LoaderTimeoutError", "StateError",
+           "WorkerError"]
 
 _WHERE = {
     "DataLoader": "stoker.loader.dataloader",
+    "ImageOptions": "stoker.loader.images",
     "LoaderError": "stoker.loader.errors",
     "LoaderTimeoutError": "stoker.loader.errors",
     "StateError": "stoker.loader.errors",
