@@ -1,4 +1,4 @@
-"""``stoker shard SRC... DST``: convert Parquet/CSV/JSONL into a deterministic stoker dataset."""
+"""``stoker shard SRC... DST``: convert any supported source into a deterministic stoker dataset."""
 
 from __future__ import annotations
 
@@ -14,8 +14,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("shard", help="convert a dataset into deterministic Arrow IPC shards",
                        usage="stoker shard SRC [SRC ...] DST [options]",
                        description="Convert Parquet (file, directory, glob, hive partitions), CSV "
-                       "or JSONL (.zst too) into Arrow IPC shards plus manifest.json. The output "
-                       "is byte-identical for any --workers; an interrupted run resumes.")
+                       "or JSONL (.zst too), WebDataset tars (.tar/.tgz/.tar.zst), an image-folder "
+                       "tree (ROOT/<class>/<image>), a Hugging Face save_to_disk directory or "
+                       "token files (.npy/.bin) into Arrow IPC shards plus manifest.json. The "
+                       "output is byte-identical for any --workers or --engine; an interrupted "
+                       "run resumes.")
     p.add_argument("paths", nargs="+", metavar="PATH",
                    help="one or more sources (files, directories, quoted globs), then DST; "
                    "put options after DST")
