@@ -426,6 +426,9 @@ class _Iter:
                 return self._finish()
             step, ids = self._pending.pop(0)
             batch = self._pool.get((self._gen, step), loader.timeout or None)
+            for restart in self._pool.take_restarts():
+                if self._ledger is not None:
+                    self._ledger.event("worker_restart", **restart)
             self._fill()
         batch = loader._transfer(batch)
         waited = time.perf_counter() - t0

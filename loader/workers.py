@@ -8,6 +8,8 @@ the consumer yields batches in sequence order, so timing cannot change the order
 from __future__ import annotations
 
 import abc
+import collections
+import logging
 import os
 import queue
 import threading
@@ -15,14 +17,21 @@ import time
 import traceback
 from typing import Any, Callable
 
+import multiprocessing.connection as mp_connection
+from multiprocessing.reduction import ForkingPickler
+
 import torch.multiprocessing as tmp
 
 from stoker.loader.errors import LoaderTimeoutError, WorkerError
 
 __all__ = ["ProcessPool", "ThreadPool", "WorkerPool", "make_pool"]
 
+log = logging.getLogger("stoker.loader")
+
 Task = Callable[[Any], Any]
 _POLL = 0.05
+_PER_WORKER = 2  # batches handed to one worker process at a time
+_MAX_TRIES = 3  # workers that may die on one batch before it is an error
 
 
 class _Failure:
@@ -76,6 +85,10 @@ class WorkerPool(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Stop the workers; idempotent."""
+
+    def take_restarts(self) -> list[dict[str, Any]]:
+        """Workers restarted since the last call (``worker``, ``exitcode``, ``batches``)."""
+        return []
 
     def __del__(self) -> None:
         try:
@@ -172,106 +185,223 @@ def _process_main(fn: Task, tasks: Any, results: Any, worker: int,
         try:
             init(worker)
         except BaseException as exc:  # noqa: BLE001
-            results.put(("__init__", _Failure(worker, exc)))
+            results.send(("__init__", _Failure(worker, exc)))
             return
     while True:
-        item = tasks.get()
+        try:
+            item = tasks.recv()
+        except (EOFError, OSError):  # the pool went away
+            return
         if item is None:
             return
         seq, payload = item
-        results.put((seq, _run_task(fn, worker, seq, payload)))
+        results.send((seq, _run_task(fn, worker, seq, payload)))
+
+
+class _Proc:
+    """One worker process with its own task pipe and result pipe.
+
+    Private pipes (no locks shared between workers) mean a worker killed at any instant can
+    corrupt nothing but its own pipes, which are thrown away with it.
+    """
+
+    __slots__ = ("index", "process", "results", "taken", "tasks")
+
+    def __init__(self, ctx: Any, index: int, fn: Task,
+                 init: Callable[[int], None] | None) -> None:
+        task_r, self.tasks = ctx.Pipe(duplex=False)
+        self.results, result_w = ctx.Pipe(duplex=False)
+        self.index = index
+        self.taken: dict[Any, Any] = {}  # seq -> payload sent to this worker, not yet answered
+        self.process = ctx.Process(target=_process_main, name=f"stoker-worker-{index}",
+                                   daemon=True, args=(fn, task_r, result_w, index, init))
+        self.process.start()
+        task_r.close()
+        result_w.close()
+
+    def stop(self, wait: float) -> None:
+        try:
+            self.tasks.send(None)
+        except (OSError, ValueError):
+            pass
+        p = self.process
+        p.join(timeout=wait)
+        if p.is_alive():
+            p.terminate()
+            p.join(timeout=2)
+        if p.is_alive():
+            p.kill()
+            p.join()
+        for conn in (self.tasks, self.results):
+            conn.close()
+        p.close()  # its sentinel pipes now, not whenever the Process object is collected
 
 
 class ProcessPool(WorkerPool):
     """Worker processes, for Python transforms that hold the GIL.
 
     Started with ``multiprocessing_context`` (default ``fork`` on Linux, as torch does), so
-    the dataset need not be picklable; tensors travel through torch's shared memory.
+    the dataset need not be picklable; tensors travel through torch's shared memory. The
+    consumer hands each worker at most ``_PER_WORKER`` batches at a time and remembers them:
+    a worker that dies (killed, out of memory, a crash in native code) is started again and
+    its batches are handed out again, so the sequence continues exactly. A batch whose
+    worker dies ``_MAX_TRIES`` times is a :class:`WorkerError` naming it.
     """
 
     def __init__(self, fn: Task, num_workers: int,
                  worker_init_fn: Callable[[int], None] | None = None,
                  multiprocessing_context: str | None = None) -> None:
-        ctx = tmp.get_context(multiprocessing_context or ("fork" if os.name == "posix" else "spawn"))
+        self._ctx = tmp.get_context(multiprocessing_context
+                                    or ("fork" if os.name == "posix" else "spawn"))
+        self._fn, self._init = fn, worker_init_fn
         self.num_workers = num_workers
-        self._tasks = ctx.Queue()
-        self._out = ctx.Queue()
+        self._backlog: collections.deque[tuple[Any, Any]] = collections.deque()
         self._results: dict[Any, Any] = {}
+        self._tries: dict[Any, int] = {}
+        self._restarts: list[dict[str, Any]] = []
+        self.restarts = 0
+        self._timeout: float | None = None
         self._closed = False
-        self._procs = [ctx.Process(target=_process_main, name=f"stoker-worker-{i}", daemon=True,
-                                   args=(fn, self._tasks, self._out, i, worker_init_fn))
-                       for i in range(num_workers)]
-        for p in self._procs:
-            p.start()
+        self._workers = [_Proc(self._ctx, i, fn, worker_init_fn) for i in range(num_workers)]
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self._procs if p.pid is not None]
+        return [] if self._closed else [w.process.pid for w in self._workers]
+
+    def take_restarts(self) -> list[dict[str, Any]]:
+        out, self._restarts = self._restarts, []
+        return out
 
     def submit(self, seq: Any, payload: Any) -> None:
-        self._tasks.put((seq, payload))
+        self._backlog.append((seq, payload))
+        self._dispatch()
 
-    def _check_alive(self, seq: Any) -> None:
-        for i, p in enumerate(self._procs):
-            if p.exitcode is not None:
-                raise WorkerError(f"worker process {i} (pid {p.pid}) died with exit code "
-                                  f"{p.exitcode} while the loader waited for batch {seq}; "
-                                  "no batch was lost or skipped. Re-create the iterator to "
-                                  "continue from the last yielded batch.")
+    def _dispatch(self) -> None:
+        for w in self._workers:
+            while self._backlog and len(w.taken) < _PER_WORKER:
+                seq, payload = self._backlog.popleft()
+                w.taken[seq] = payload
+                try:
+                    w.tasks.send((seq, payload))
+                except OSError:  # died meanwhile: _restart hands the batch out again
+                    break
+
+    def _receive(self, w: _Proc, current: Any, deadline: float | None) -> None:
+        """Read one result of ``w`` (data or EOF is ready)."""
+        try:
+            key, value = _loads(w.results.recv_bytes(), deadline,
+                                _late(current, self._timeout) + " (a worker stopped while "
+                                "handing over a batch)")
+        except LoaderTimeoutError:
+            raise
+        except Exception:  # noqa: BLE001 - EOF, or a dead sender's shared tensor: restart it
+            if w.process.exitcode is None:
+                w.process.kill()
+                w.process.join()
+            self._restart(w, current)
+            return
+        w.taken.pop(key, None)
+        if key == "__init__":
+            value.raise_for("(worker_init_fn)")
+        if isinstance(key, tuple) and isinstance(current, tuple) and key[0] < current[0]:
+            return  # an abandoned iteration's batch
+        self._results[key] = value
+
+    def _restart(self, w: _Proc, current: Any) -> None:
+        code = w.process.exitcode
+        lost = list(w.taken.items())
+        for seq, _ in lost:
+            self._tries[seq] = self._tries.get(seq, 0) + 1
+            if self._tries[seq] >= _MAX_TRIES:
+                raise WorkerError(f"worker process {w.index} (pid {w.process.pid}) died with "
+                                  f"exit code {code} producing batch {seq}, the "
+                                  f"{self._tries[seq]}th worker to die on it; the batch kills "
+                                  "its worker (a crash in a transform or native code?). No "
+                                  "batch was skipped: fix the cause and re-create the iterator.")
+        log.warning("worker process %d (pid %s) died with exit code %s; restarting it and "
+                    "handing out its %d batches again", w.index, w.process.pid, code, len(lost))
+        w.stop(wait=0)
+        self._workers[w.index] = _Proc(self._ctx, w.index, self._fn, self._init)
+        self._backlog.extendleft(reversed(lost))  # first in line, in order
+        self.restarts += 1
+        self._restarts.append({"worker": w.index, "exitcode": code,
+                               "batches": [list(s) if isinstance(s, tuple) else s for s, _ in lost]})
+
+    def _poll(self, current: Any, deadline: float | None) -> None:
+        self._dispatch()
+        by_conn = {w.results: w for w in self._workers}
+        for conn in mp_connection.wait(list(by_conn), timeout=_POLL):
+            self._receive(by_conn[conn], current, deadline)  # type: ignore[index]
+        for w in list(self._workers):
+            if w.process.exitcode is not None and self._workers[w.index] is w:
+                while w.results.poll(0):  # what it sent before dying is still good
+                    self._receive(w, current, deadline)
+                    if self._workers[w.index] is not w:
+                        break
+                if self._workers[w.index] is w:
+                    self._restart(w, current)
 
     def get(self, seq: Any, timeout: float | None = None) -> Any:
         deadline = None if not timeout else time.monotonic() + timeout
+        self._timeout = timeout
         _drop_stale(self._results, seq)
         while seq not in self._results:
-            try:
-                key, value = self._out.get(timeout=_POLL)
-                if isinstance(key, tuple) and isinstance(seq, tuple) and key[0] < seq[0]:
-                    continue
-                self._results[key] = value
-                if key == "__init__":
-                    value.raise_for("(worker_init_fn)")
-                continue
-            except queue.Empty:
-                pass
-            self._check_alive(seq)
-            if deadline is not None and time.monotonic() > deadline:
-                raise LoaderTimeoutError(f"batch {seq} was not ready after timeout={timeout}s; "
-                                         "a worker is stuck or too slow. Raise timeout= or "
-                                         "check the dataset/transform.")
+            self._poll(seq, deadline)
+            if seq not in self._results and deadline is not None and time.monotonic() > deadline:
+                raise LoaderTimeoutError(_late(seq, timeout))
         out = self._results.pop(seq)
+        self._tries.pop(seq, None)
         if isinstance(out, _Failure):
             out.raise_for(seq)
         return out
 
     def discard_pending(self) -> None:
-        while True:
-            try:
-                self._tasks.get_nowait()
-            except queue.Empty:
-                break
+        self._backlog.clear()
         self._results.clear()
+        self._tries.clear()
+        for w in self._workers:  # still running: their late results are dropped as stale
+            w.taken.clear()
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        self.discard_pending()  # drops the shared-memory tensors of batches never consumed
+        for w in self._workers:
+            w.stop(wait=2)
+
+
+def _late(seq: Any, timeout: float | None) -> str:
+    return (f"batch {seq} was not ready after timeout={timeout}s; a worker is stuck or too "
+            "slow. Raise timeout= or check the dataset/transform.")
+
+
+def _loads(raw: bytes, deadline: float | None, late: str) -> Any:
+    """Unpickle a worker's result, within ``deadline`` when one is set.
+
+    Rebuilding a shared-memory tensor asks the sending worker for its file descriptor; a
+    stopped (SIGSTOP) or hung sender would block that forever, so with a ``timeout`` the
+    rebuild runs in a helper thread the consumer stops waiting for.
+    """
+    if deadline is None:
+        return ForkingPickler.loads(raw)
+    box: list[Any] = []
+
+    def load() -> None:
         try:
-            self.discard_pending()
-            for _ in self._procs:
-                self._tasks.put(None)
-        except (OSError, ValueError):
-            pass
-        for p in self._procs:
-            p.join(timeout=2)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=2)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        for q in (self._tasks, self._out):
-            q.cancel_join_thread()
-            q.close()
+            box.append((True, ForkingPickler.loads(raw)))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer below
+            box.append((False, exc))
+
+    helper = threading.Thread(target=load, name="stoker-unpickle", daemon=True)
+    helper.start()
+    helper.join(max(0.0, deadline - time.monotonic()) + _POLL)
+    if not box:
+        raise LoaderTimeoutError(late)
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
 
 
 def make_pool(fn: Task, num_workers: int, mode: str,
