@@ -13,7 +13,6 @@ stored. The manifest records it (``provenance.options``: ``token_tail: "drop"`` 
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 
@@ -27,7 +26,6 @@ __all__ = ["TOKEN_DTYPES", "TokenFile", "read_tokens", "scan_tokens", "token_cou
            "token_schema"]
 
 TOKEN_DTYPES = ("uint16", "uint32")
-_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

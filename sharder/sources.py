@@ -9,6 +9,7 @@ whatever the engine or worker count. See each ``source_*`` module for its column
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Sequence
 
@@ -30,6 +31,7 @@ __all__ = ["SOURCE_FORMATS", "discover", "hash_source", "manifest_classes", "rea
            "scan_source", "source_options"]
 
 SOURCE_FORMATS = ("webdataset", "imagefolder", "hf", "tokens")
+_log = logging.getLogger(__name__)
 
 
 def discover(sources: Sequence[str | os.PathLike[str]], options: ShardOptions) -> list[InputFile]:
@@ -103,9 +105,7 @@ def source_options(inputs: Sequence[InputFile], scans: Sequence[FileScan]) -> di
     dropped = sum(token_count(_as(f, TokenFile)) - s.rows * first.seq_len
                   for f, s in zip(inputs, scans))
     if dropped:
-        import logging
-
-        logging.getLogger(__name__).warning(
+        _log.warning(
             "token files: %d trailing tokens do not fill a sequence of %d and are not stored "
             "(recorded in the manifest as dropped_tokens)", dropped, first.seq_len)
     return {"seq_len": first.seq_len, "token_dtype": first.dtype, "token_tail": "drop",
