@@ -32,6 +32,8 @@ class ShardOptions:
         batch_bytes: target uncompressed bytes per record batch.
         token_dtype: ``"uint16"`` or ``"uint32"`` for token files (required for raw ``.bin``).
         seq_len: tokens per sequence for token files (see stoker.sharder.source_tokens).
+        on_bad: ``"error"`` (default) or ``"skip"``: image folders only, leave out unreadable
+            images and non-image files, listed in the manifest (``provenance.options.skipped``).
     """
 
     rows_per_shard: int | None = None
@@ -42,6 +44,7 @@ class ShardOptions:
     batch_bytes: int = BATCH_BYTES
     token_dtype: str | None = None
     seq_len: int | None = None
+    on_bad: str = "error"
 
     def __post_init__(self) -> None:
         if self.rows_per_shard is not None and self.shard_size is not None:
@@ -77,6 +80,9 @@ class ShardOptions:
         if self.token_dtype is not None and self.token_dtype not in ("uint16", "uint32"):
             raise ShardOptionsError(f"token_dtype={self.token_dtype!r} is not supported; use "
                                     "uint16 or uint32.")
+        if self.on_bad not in ("error", "skip"):
+            raise ShardOptionsError(f"on_bad={self.on_bad!r} is not supported; use 'error' or "
+                                    "'skip' (image folders: skip unreadable images, recorded).")
         if self.seq_len is not None and (isinstance(self.seq_len, bool)
                                          or not isinstance(self.seq_len, int) or self.seq_len < 1):
             raise ShardOptionsError(f"seq_len={self.seq_len!r} must be a positive integer, "

@@ -33,7 +33,7 @@ def shard(src: Source | Sequence[Source], dst: Source, *, rows_per_shard: int | 
           columns: Sequence[str] | None = None, workers: int = 1, overwrite: bool = False,
           format: str | None = None, progress: bool | None = None,
           executor: Executor | None = None, token_dtype: str | None = None,
-          seq_len: int | None = None) -> Manifest:
+          seq_len: int | None = None, on_bad: str = "error") -> Manifest:
     """Convert ``src`` into a stoker dataset at ``dst`` and return its manifest.
 
     The plan (sorted inputs, exact rows, shard boundaries) is a pure function of the inputs
@@ -61,6 +61,8 @@ def shard(src: Source | Sequence[Source], dst: Source, *, rows_per_shard: int | 
         executor: run tasks on this engine instead of a local pool of ``workers``
             (e.g. ``stoker.sharder.executor_dask.DaskExecutor``).
         token_dtype, seq_len: for token files (see stoker.sharder.source_tokens).
+        on_bad: ``"error"`` or ``"skip"`` (image folders: unreadable images are left out and
+            listed in the manifest; see stoker.sharder.source_images).
 
     Raises:
         SharderError: bad or missing input, schema mismatch, no rows, unusable ``dst``,
@@ -70,7 +72,7 @@ def shard(src: Source | Sequence[Source], dst: Source, *, rows_per_shard: int | 
     options = ShardOptions(rows_per_shard=rows_per_shard, shard_size=shard_size,
                            compression=compression,
                            columns=None if columns is None else tuple(columns), format=format,
-                           token_dtype=token_dtype, seq_len=seq_len)
+                           token_dtype=token_dtype, seq_len=seq_len, on_bad=on_bad)
     LocalExecutor(workers)  # validates ``workers`` before any work is done
     dst_path = Path(os.path.abspath(os.fspath(dst)))
     inputs = discover(sources, options)

@@ -22,7 +22,8 @@ from stoker.sharder.options import ShardOptions
 from stoker.sharder.readers import FileScan
 from stoker.sharder.source_hf import discover_hf, is_hf_dataset, read_arrow_rows, scan_arrow
 from stoker.sharder.source_images import (ClassFolder, discover_classes, hash_folder,
-                                          image_schema, is_image_folder, read_images, scan_images)
+                                          image_schema, is_image_folder, read_images, scan_images,
+                                          usable_images)
 from stoker.sharder.source_tokens import TokenFile, read_tokens, scan_tokens, token_count, \
     token_file
 from stoker.sharder.source_webdataset import read_tar, scan_tar
@@ -53,10 +54,13 @@ def discover(sources: Sequence[str | os.PathLike[str]], options: ShardOptions) -
         if not is_dir:
             raise SharderError(f"--format imagefolder needs one directory ROOT/<class>/<image>; "
                                f"got {list(sources)}.")
-        inputs = discover_classes(single)
+        inputs = discover_classes(single, options.on_bad == "skip")
     else:
         inputs = discover_inputs(sources, fmt)
     found = inputs[0].format
+    if options.on_bad != "error" and found != "imagefolder":
+        raise ShardOptionsError(f"--on-bad {options.on_bad} applies to image folders only, but "
+                                f"the inputs are {found}; drop it.")
     if found == "tokens":
         return [token_file(f, options.token_dtype, options.seq_len) for f in inputs]
     if options.seq_len is not None or options.token_dtype is not None:
@@ -99,6 +103,12 @@ def hash_source(path: str) -> tuple[str, int]:
 
 def source_options(inputs: Sequence[InputFile], scans: Sequence[FileScan]) -> dict[str, Any]:
     """Format-specific options recorded in the manifest (they define the data)."""
+    if inputs and isinstance(inputs[0], ClassFolder) and inputs[0].skip_bad:
+        skipped = [{"path": f"{f.rel}/{rel}", "reason": why}
+                   for f in inputs for rel, why in usable_images(f.path, True)[1]]
+        for item in skipped:
+            _log.warning("skipped %s: %s (recorded in the manifest)", item["path"], item["reason"])
+        return {"on_bad": "skip", "skipped": skipped}
     if not inputs or inputs[0].format != "tokens":
         return {}
     first = _as(inputs[0], TokenFile)

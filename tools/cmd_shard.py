@@ -43,6 +43,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, metavar="N",
                    help="token files: tokens per sequence (the tail of each file is dropped "
                    "and recorded)")
+    p.add_argument("--on-bad", choices=("error", "skip"), default="error",
+                   help="image folders: stop at an unreadable image or non-image file "
+                   "(default), or leave it out and list it in the manifest")
     p.add_argument("--engine", choices=("local", "dask"), default="local",
                    help="local process pool (default) or Dask distributed (pip install "
                    "'stoker[dask]'); the output bytes are the same")
@@ -78,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
                          shard_size=args.shard_size, compression=args.compression,
                          columns=columns, workers=workers, overwrite=args.overwrite,
                          format=args.format, progress=False if args.quiet else None,
-                         executor=executor, token_dtype=args.token_dtype, seq_len=args.seq_len)
+                         executor=executor, token_dtype=args.token_dtype, seq_len=args.seq_len,
+                         on_bad=args.on_bad)
     except ShardOptionsError as exc:
         raise UsageError(str(exc)) from exc
     if not args.quiet:

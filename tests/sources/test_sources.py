@@ -258,3 +258,23 @@ def test_tar_layout_splits_names_like_webdataset() -> None:
         skipped = bool(__import__("re").match(r"__[^/]*__($|/)", name)) or (
             "/" not in name and name.startswith(wt.meta_prefix) and name.endswith(wt.meta_suffix))
         assert is_meta(name) == skipped, name
+
+
+def test_image_folder_opt_in_skip_is_recorded(tmp_path: Path) -> None:
+    root = tmp_path / "imgs"
+    files = write_image_folder(root)
+    (root / "cat" / "broken.jpg").write_bytes(b"this is not a jpeg")
+    (root / "dog" / "notes.txt").write_text("hi")
+    assert main(["shard", str(root), str(tmp_path / "out"), "--on-bad", "skip", "--quiet"]) == 0
+    manifest = Manifest.load(tmp_path / "out")
+    assert manifest.provenance["options"]["on_bad"] == "skip"
+    assert manifest.provenance["options"]["skipped"] == [
+        {"path": "cat/broken.jpg", "reason": "not a readable image (first bytes b'this is ')"},
+        {"path": "dog/notes.txt", "reason": "not an image (extension)"}]
+    rows = read_dataset(tmp_path / "out").to_pylist()
+    assert sorted(r["path"] for r in rows) == sorted(files)
+    shard(root, tmp_path / "two", on_bad="skip", rows_per_shard=4, workers=2)
+    shard(root, tmp_path / "one", on_bad="skip", rows_per_shard=4)
+    assert dataset_bytes(tmp_path / "one") == dataset_bytes(tmp_path / "two")
+    with pytest.raises(ShardOptionsError, match="image folders only"):
+        shard(tmp_path / "out" / "shards", tmp_path / "x", on_bad="skip", format="parquet")
