@@ -96,12 +96,12 @@ def _make_images(root: Path, n: int) -> None:
 
 
 # -- cases (each runs in its own process) ------------------------------------------------------
-def _stoker_w1(d: Path, workers: int) -> Iterator[Any]:
+def _stoker_w1(d: Path, workers: int, row_major: bool | str = "auto") -> Iterator[Any]:
     from stoker.loader import DataLoader
 
     return iter(DataLoader(d / "stoker", batch_size=W1_BATCH, shuffle=True, seed=0,
                            num_workers=workers, features=FEATURES, categoricals=CATS,
-                           columns=["seq", "label"]))
+                           columns=["seq", "label"], row_major=row_major))
 
 
 def _stoker_w2(d: Path, workers: int) -> Iterator[Any]:
@@ -202,6 +202,8 @@ CASES: dict[str, tuple[str, Callable[[Path], Iterator[Any]], int]] = {
     # name: (workload, make iterator, workers)
     "w1/stoker/0": ("w1", lambda d: _stoker_w1(d, 0), 0),
     "w1/stoker/2": ("w1", lambda d: _stoker_w1(d, 2), 2),
+    "w1/stoker row_major=False/0": ("w1", lambda d: _stoker_w1(d, 0, False), 0),
+    "w1/stoker row_major=False/2": ("w1", lambda d: _stoker_w1(d, 2, False), 2),
     "w1/torch+pyarrow/0": ("w1", lambda d: _torch_case(d, 0, W1_BATCH, _convert_w1), 0),
     "w1/torch+pyarrow/2": ("w1", lambda d: _torch_case(d, 2, W1_BATCH, _convert_w1), 2),
     "w1/ceiling parquet->numpy/1": ("w1", _ceiling_w1, 1),

@@ -26,6 +26,7 @@ import torch
 from stoker.loader import kernels as k
 from stoker.loader.images import ImageOptions, decode_into
 from stoker.loader.ring import BufferRing, Slot
+from stoker.loader.rowmajor import gather_rows
 
 __all__ = ["FastPlan", "NotZeroCopy", "Output", "ShardData", "physical_code"]
 
@@ -159,6 +160,8 @@ class ShardData:
                 len(arrs), -1)
         self._arena = loc.finish()
         self.views = k.arena_views(self._arena)
+        # output name -> row-major copy [rows, width] (stoker.loader.rowmajor); set once, whole
+        self.rowmajor: dict[str, np.ndarray] = {}
 
     def matrix_meta(self, columns: Sequence[str]) -> np.ndarray:
         """int64 ``[chunks, K, 4]`` for :func:`~stoker.loader.kernels.gather_fixed`."""
@@ -241,7 +244,12 @@ class FastPlan:
             if out.kind == "matrix":
                 arr = slot.array(out.name, (n, len(out.columns)), out.dtype)
                 for data, chunk, row, dest in groups:
-                    k.gather_fixed(data.views, data.matrix_meta(out.columns), chunk, row, dest, arr)
+                    mat = data.rowmajor.get(out.name)
+                    if mat is not None:
+                        gather_rows(mat, data.starts, chunk, row, dest, arr)
+                    else:
+                        k.gather_fixed(data.views, data.matrix_meta(out.columns), chunk, row,
+                                       dest, arr)
                 batch[out.name] = torch.from_numpy(arr)
             elif out.kind == "fixed":
                 arr = slot.array(out.name, (n, 1), out.dtype)
@@ -268,6 +276,14 @@ class FastPlan:
 
     def _list(self, out: Output, groups: list[_Group], n: int, slot: Slot,
               batch: dict[str, Any]) -> None:
+        mats = [g[0].rowmajor.get(out.name) for g in groups]
+        if n and all(m is not None for m in mats) and len({m.shape[1] for m in mats}) == 1:
+            # every row has the same length and no list is null: no lengths, no padding
+            arr = slot.array(out.name, (n, mats[0].shape[1]), out.dtype)
+            for mat, (data, chunk, row, dest) in zip(mats, groups):
+                gather_rows(mat, data.starts, chunk, row, dest, arr)
+            batch[out.name] = torch.from_numpy(arr)
+            return
         lengths = self._lengths(out, groups, n, slot)
         np.maximum(lengths, 0, out=lengths)  # null list -> empty, as in the pyarrow path
         width = int(lengths.max()) if n else 0

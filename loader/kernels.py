@@ -23,7 +23,8 @@ import numpy as np
 from stoker.loader.jit import kernel
 
 __all__ = ["BOOL", "CODES", "F32", "F64", "I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64",
-           "arena_views", "gather_binary", "gather_fixed", "gather_list", "var_lengths"]
+           "arena_views", "copy_fixed", "gather_binary", "gather_fixed", "gather_list",
+           "var_lengths"]
 
 # Physical type codes of fixed-width Arrow buffers (index into the ``views`` tuple, except BOOL,
 # which is bit-packed and read through the uint8 view).
@@ -129,6 +130,73 @@ def gather_fixed(views, meta, chunk, row, dest, out):  # type: ignore[no-untyped
         return
     for j in range(meta.shape[1]):  # column-major: each column's reads walk forwards
         _dispatch(views, meta[0, j, 0], meta, j, chunk, row, dest, out)
+
+
+@kernel
+def _copy_column(src, shift, u8, meta, j, c, lo, n, r0, out):  # type: ignore[no-untyped-def]
+    """Rows ``lo:lo + n`` of record batch ``c``, column ``j`` -> ``out[r0:r0 + n, j]``: the
+    same cast and null rule as :func:`_column`, reading consecutive values."""
+    base = (meta[c, j, 2] >> shift) + meta[c, j, 3] + lo
+    for i in range(n):
+        out[r0 + i, j] = src[base + i]
+    v = meta[c, j, 1]
+    if v >= 0:
+        k0 = meta[c, j, 3] + lo
+        for i in range(n):
+            k = k0 + i
+            if ((u8[v + (k >> 3)] >> (k & 7)) & 1) == 0:
+                out[r0 + i, j] = 0
+
+
+@kernel
+def _copy_bool(u8, meta, j, c, lo, n, r0, out):  # type: ignore[no-untyped-def]
+    for i in range(n):
+        k = meta[c, j, 3] + lo + i
+        v = meta[c, j, 1]
+        if v < 0 or ((u8[v + (k >> 3)] >> (k & 7)) & 1) == 1:
+            out[r0 + i, j] = (u8[meta[c, j, 2] + (k >> 3)] >> (k & 7)) & 1
+        else:
+            out[r0 + i, j] = 0
+
+
+@kernel
+def copy_fixed(views, meta, starts, block, out):  # type: ignore[no-untyped-def]
+    """Every row of a shard, in order: ``out[starts[c] + r, j]`` = row ``r`` of record batch
+    ``c``, column ``j`` (the values :func:`gather_fixed` writes for that row).
+
+    Tiled: ``block`` rows at a time, all columns, so the tile of ``out`` stays in cache while
+    each column is read sequentially (a row-major copy, see stoker.loader.rowmajor).
+    """
+    u8, i8, i16, i32, i64, u16, u32, u64, f32, f64 = views
+    for c in range(starts.shape[0] - 1):
+        rows = starts[c + 1] - starts[c]
+        for lo in range(0, rows, block):
+            n = min(block, rows - lo)
+            r0 = starts[c] + lo
+            for j in range(meta.shape[1]):
+                code = meta[0, j, 0]
+                if code == F32:
+                    _copy_column(f32, 2, u8, meta, j, c, lo, n, r0, out)
+                elif code == I64:
+                    _copy_column(i64, 3, u8, meta, j, c, lo, n, r0, out)
+                elif code == F64:
+                    _copy_column(f64, 3, u8, meta, j, c, lo, n, r0, out)
+                elif code == I32:
+                    _copy_column(i32, 2, u8, meta, j, c, lo, n, r0, out)
+                elif code == I16:
+                    _copy_column(i16, 1, u8, meta, j, c, lo, n, r0, out)
+                elif code == I8:
+                    _copy_column(i8, 0, u8, meta, j, c, lo, n, r0, out)
+                elif code == U8:
+                    _copy_column(u8, 0, u8, meta, j, c, lo, n, r0, out)
+                elif code == U16:
+                    _copy_column(u16, 1, u8, meta, j, c, lo, n, r0, out)
+                elif code == U32:
+                    _copy_column(u32, 2, u8, meta, j, c, lo, n, r0, out)
+                elif code == U64:
+                    _copy_column(u64, 3, u8, meta, j, c, lo, n, r0, out)
+                else:
+                    _copy_bool(u8, meta, j, c, lo, n, r0, out)
 
 
 @kernel

@@ -1,0 +1,183 @@
+"""Row-major copies (stoker.loader.rowmajor): batches bitwise equal to the column path."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importlib mode)
+
+from fastpath_helpers import write_dataset  # noqa: E402
+
+from stoker.loader import DataLoader, rowmajor  # noqa: E402
+from stoker.loader.arrow_source import ArrowSource  # noqa: E402
+from stoker.manifest import Manifest  # noqa: E402
+
+FEATURE_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(),
+                 pa.uint32(), pa.uint64(), pa.float32(), pa.float64(), pa.bool_()]
+CAT_TYPES = [pa.int8(), pa.int32(), pa.int64(), pa.uint16(), pa.dictionary(pa.int32(), pa.string())]
+
+
+def _column(t: pa.DataType, n: int, rng: np.random.Generator, nulls: float) -> pa.Array:
+    mask = rng.random(n) < nulls
+    if pa.types.is_dictionary(t):
+        codes = pa.array(rng.integers(0, 3, n).astype(np.int32), mask=mask)
+        return pa.DictionaryArray.from_arrays(codes, pa.array(["a", "b", "c"]))
+    if pa.types.is_boolean(t):
+        return pa.array(rng.random(n) < 0.5, mask=mask)
+    if pa.types.is_date32(t) or pa.types.is_timestamp(t):
+        storage = pa.int32() if pa.types.is_date32(t) else pa.int64()
+        return pa.array(rng.integers(-1000, 10**6, n), storage, mask=mask).view(t)
+    if pa.types.is_floating(t):
+        v = rng.standard_normal(n) * 1e6
+        v[rng.random(n) < 0.05] = np.nan
+        return pa.array(v.astype(t.to_pandas_dtype()), mask=mask)
+    info = np.iinfo(t.to_pandas_dtype())
+    return pa.array(rng.integers(info.min, info.max, n, dtype=t.to_pandas_dtype(),
+                                 endpoint=True), mask=mask)
+
+
+def _list(n: int, width: int, rng: np.random.Generator, list_nulls: float,
+          value_nulls: float, ragged: bool) -> pa.Array:
+    """list<float32>: ``width`` values per row (``ragged``: 0..width), nulls at both levels."""
+    lens = rng.integers(0, width + 1, n) if ragged else np.full(n, width)
+    values = _column(pa.float32(), int(lens.sum()), rng, value_nulls).to_pylist()
+    pos = np.concatenate([[0], np.cumsum(lens)])
+    mask = rng.random(n) < list_nulls
+    return pa.array([None if m else values[pos[i]:pos[i + 1]] for i, m in enumerate(mask)],
+                    pa.list_(pa.float32()))
+
+
+def _tables(features: list[pa.DataType], cats: list[pa.DataType], sizes: list[int],
+            nulls: float, seq: tuple[int, float, float, bool], seed: int) -> list[pa.Table]:
+    rng = np.random.default_rng(seed)
+    start = 0
+    out = []
+    for n in sizes:
+        cols: dict[str, pa.Array] = {"id": pa.array(np.arange(start, start + n))}
+        cols.update({f"f{j}": _column(t, n, rng, nulls) for j, t in enumerate(features)})
+        cols.update({f"c{j}": _column(t, n, rng, nulls) for j, t in enumerate(cats)})
+        cols["seq"] = _list(n, seq[0], rng, *seq[1:])
+        out.append(pa.table(cols))
+        start += n
+    return out
+
+
+def _bytes(batch: dict[str, Any]) -> dict[str, Any]:
+    """Every output as (dtype, shape, raw bytes): bitwise comparison, NaNs included."""
+    return {k: (v.dtype, tuple(v.shape), v.numpy().tobytes()) if isinstance(v, torch.Tensor)
+            else v for k, v in batch.items()}
+
+
+def _sources(m: Manifest, features: list[str], cats: list[str],
+             **kwargs: Any) -> dict[Any, ArrowSource]:
+    return {mode: ArrowSource(m, features=features, categoricals=cats, row_major=mode, **kwargs)
+            for mode in (True, False, "auto")}
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(features=st.lists(st.sampled_from(FEATURE_TYPES), min_size=0, max_size=5),
+       cats=st.lists(st.sampled_from(CAT_TYPES), min_size=0, max_size=3),
+       sizes=st.lists(st.integers(1, 40), min_size=1, max_size=3),
+       batch_rows=st.integers(1, 9),
+       nulls=st.sampled_from([0.0, 0.3]),
+       seq=st.tuples(st.integers(0, 4), st.sampled_from([0.0, 0.2]),
+                     st.sampled_from([0.0, 0.2]), st.booleans()),
+       seed=st.integers(0, 2**16))
+def test_row_major_batches_equal_column_path(features: list[pa.DataType],
+                                             cats: list[pa.DataType], sizes: list[int],
+                                             batch_rows: int, nulls: float,
+                                             seq: tuple[int, float, float, bool],
+                                             seed: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        tables = _tables(features, cats, sizes, nulls, seq, seed)
+        m = write_dataset(Path(tmp), tables, batch_rows=batch_rows)
+        fnames = [f"f{j}" for j in range(len(features))]
+        cnames = [f"c{j}" for j in range(len(cats))]
+        sources = _sources(m, fnames, cnames)
+        rng = np.random.default_rng(seed)
+        total = sum(sizes)
+        for size in (1, 7, total):  # `total`: every shard and record batch in one batch
+            ids = rng.permutation(total)[:size]
+            first = {mode: _bytes(s.fetch(ids)) for mode, s in sources.items()}
+            sources["auto"].wait_row_major()
+            again = _bytes(sources["auto"].fetch(ids))  # served by the copies now
+            assert first[True] == first[False] == first["auto"] == again
+        # which outputs got a copy: stacked outputs always; seq only if fixed-length, no nulls
+        seqs = pa.chunked_array([c for t in tables for c in t.column("seq").chunks])
+        lengths = set(pa.compute.list_value_length(seqs).to_pylist())
+        fixed_seq = seqs.null_count == 0 and len(lengths) == 1 and lengths != {0}
+        expected = (["features"] if fnames else []) + (["categoricals"] if cnames else []) \
+            + (["seq"] if fixed_seq else [])
+        for mode in (True, "auto"):
+            for data in sources[mode]._data.values():
+                if data is None:  # not zero-copy (e.g. empty list values): pyarrow path
+                    continue
+                assert sorted(data.rowmajor) == sorted(expected)
+                for name in expected:
+                    assert data.rowmajor[name].shape[0] == data.starts[-1]
+        assert all(d is None or not d.rowmajor for d in sources[False]._data.values())
+        assert sources[False].row_major_bytes == 0
+        for s in sources.values():
+            s.close()
+            assert s.row_major_bytes == 0
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Manifest:
+    tables = _tables([pa.float32(), pa.int16(), pa.float64()], [pa.int64(), pa.int8()],
+                     [50, 30, 20], 0.1, (3, 0.0, 0.1, False), 7)
+    return write_dataset(tmp_path_factory.mktemp("rowmajor"), tables, batch_rows=8)
+
+
+FEATS, CATS = ["f0", "f1", "f2"], ["c0", "c1"]
+# rows x (3 float32 + 2 int64 + 3 float32) bytes per shard
+SHARD_BYTES = [n * (3 * 4 + 2 * 8 + 3 * 4) for n in (50, 30, 20)]
+
+
+def test_budget_accounts_for_open_shards_and_eviction(dataset: Manifest) -> None:
+    src = ArrowSource(dataset, features=FEATS, categoricals=CATS, row_major=True, max_open=1)
+    for s in range(3):
+        src._table(s)
+        assert src.row_major_bytes == SHARD_BYTES[s]  # the evicted shard's copy is released
+        assert sorted(src._data[s].rowmajor) == ["categoricals", "features", "seq"]
+    src.close()
+    assert src.row_major_bytes == 0
+
+
+def test_auto_skips_shards_beyond_the_budget(dataset: Manifest,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rowmajor, "AUTO_BUDGET_BYTES", SHARD_BYTES[0] + SHARD_BYTES[1])
+    src = ArrowSource(dataset, features=FEATS, categoricals=CATS, row_major="auto")
+    ref = ArrowSource(dataset, features=FEATS, categoricals=CATS, row_major=False)
+    ids = np.random.default_rng(1).permutation(100)
+    src.fetch(ids)
+    src.wait_row_major()
+    assert src.row_major_bytes == SHARD_BYTES[0] + SHARD_BYTES[1]
+    assert [bool(src._data[s].rowmajor) for s in range(3)] == [True, True, False]
+    assert _bytes(src.fetch(ids)) == _bytes(ref.fetch(ids))  # mixed copies and columns
+
+
+def test_row_major_option_is_checked(dataset: Manifest) -> None:
+    with pytest.raises(ValueError, match="row_major='yes' is not supported"):
+        ArrowSource(dataset, features=FEATS, row_major="yes")
+
+
+def test_dataloader_passes_row_major(dataset: Manifest) -> None:
+    def epoch(mode: Any) -> list[dict[str, Any]]:
+        loader = DataLoader(dataset, batch_size=16, shuffle=True, seed=3, features=FEATS,
+                            categoricals=CATS, row_major=mode)
+        assert loader._source._row_major == rowmajor.resolve_mode(mode)
+        return [_bytes(b) for b in loader]
+
+    assert epoch(True) == epoch(False) == epoch("auto")
