@@ -146,12 +146,19 @@ def _allocate(rows: int, width: int, dtype: np.dtype) -> np.ndarray:
 
     Not ``np.empty``: NumPy advises huge pages for large arrays, and with the kernel's
     ``defrag=madvise`` setting every fault then compacts memory; measured here a shard's copy
-    took 3x longer that way, and the gathers were no faster with huge pages.
+    took 3x longer that way, and the gathers were no faster with huge pages. Pages are
+    populated up front: the copy writes all of them anyway.
     """
     nbytes = rows * width * dtype.itemsize
     if nbytes == 0:
         return np.empty((rows, width), dtype=dtype)
-    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(rows, width)
+    # MAP_POPULATE (Linux) faults every page in at once: half the cost of one fault per page
+    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0) | getattr(mmap, "MAP_POPULATE", 0)
+    try:
+        region = mmap.mmap(-1, nbytes, flags=flags)
+    except (OSError, ValueError, TypeError):  # a platform without these flags
+        region = mmap.mmap(-1, nbytes)
+    return np.frombuffer(region, dtype=dtype).reshape(rows, width)
 
 
 def build(plan: FastPlan, data: ShardData, batches: Sequence[pa.RecordBatch]) -> dict[str, np.ndarray]:
