@@ -27,7 +27,7 @@ from stoker.loader.convert import stack_features, table_to_batch
 from stoker.loader.errors import WorkerError
 from stoker.loader.fastpath import FastPlan, NotZeroCopy, ShardData
 from stoker.loader.images import ImageOptions, decode_into
-from stoker.loader import rowmajor
+from stoker.loader import rowmajor, warmup
 from stoker.loader.ring import BufferRing
 from stoker.manifest import Manifest, ManifestError, redact_url
 
@@ -63,7 +63,9 @@ class ArrowSource:
             ``"auto"``: copies are built in a background thread when a shard opens (batches
             use the column path until then) while all copies fit ``min(2 GiB, physical
             memory / 4)``; ``True``: built when the shard opens, no memory limit; ``False``:
-            never. Costs ``rows x (4 K + 8 C + itemsize x L)`` bytes per open shard.
+            never. Costs ``rows x (4 K + 8 C + itemsize x L)`` bytes per open shard. Forked
+            worker processes (``worker_mode="process"``) build no copies under ``"auto"``:
+            each would hold its own.
     """
 
     kind = "stoker"
@@ -120,6 +122,9 @@ class ArrowSource:
         self._rm_budget = rowmajor.RowMajorBudget(budget)
         self._rm_bytes: dict[int, int] = {}
         self._rm_pool: tuple[int, ThreadPoolExecutor] | None = None
+        self._owner_pid = os.getpid()
+        if self._plan is not None:
+            warmup.start(self._plan, schema, self._row_major != 0)
 
     def _check_categoricals(self, schema: pa.Schema) -> None:
         for name in self.categoricals:
@@ -195,6 +200,8 @@ class ArrowSource:
         """Reserve budget for shard ``index``'s row-major copies and build them (now for
         ``row_major=True``, in the background for ``"auto"``)."""
         assert self._plan is not None  # noqa: S101 - only called on the fast path
+        if self._row_major > 0 and os.getpid() != self._owner_pid:
+            return  # "auto" in a forked worker process: N workers would hold N copies
         nbytes = rowmajor.plan_bytes(self._plan, batches)
         with self._lock:
             if nbytes == 0 or self._data.get(index) is not data \

@@ -113,16 +113,17 @@ def test_row_major_batches_equal_column_path(features: list[pa.DataType],
             sources["auto"].wait_row_major()
             again = _bytes(sources["auto"].fetch(ids))  # served by the copies now
             assert first[True] == first[False] == first["auto"] == again
-        # which outputs got a copy: stacked outputs always; seq only if fixed-length, no nulls
-        seqs = pa.chunked_array([c for t in tables for c in t.column("seq").chunks])
-        lengths = set(pa.compute.list_value_length(seqs).to_pylist())
-        fixed_seq = seqs.null_count == 0 and len(lengths) == 1 and lengths != {0}
-        expected = (["features"] if fnames else []) + (["categoricals"] if cnames else []) \
-            + (["seq"] if fixed_seq else [])
+        # which outputs got a copy: stacked outputs always; seq where the shard's lists all
+        # have one (non-zero) length and none is null (decided shard by shard)
         for mode in (True, "auto"):
-            for data in sources[mode]._data.values():
+            for s, data in sources[mode]._data.items():
                 if data is None:  # not zero-copy (e.g. empty list values): pyarrow path
                     continue
+                seqs = tables[s].column("seq")
+                lengths = set(pa.compute.list_value_length(seqs).to_pylist())
+                fixed_seq = seqs.null_count == 0 and len(lengths) == 1 and lengths != {0}
+                expected = (["features"] if fnames else []) \
+                    + (["categoricals"] if cnames else []) + (["seq"] if fixed_seq else [])
                 assert sorted(data.rowmajor) == sorted(expected)
                 for name in expected:
                     assert data.rowmajor[name].shape[0] == data.starts[-1]
@@ -181,3 +182,42 @@ def test_dataloader_passes_row_major(dataset: Manifest) -> None:
         return [_bytes(b) for b in loader]
 
     assert epoch(True) == epoch(False) == epoch("auto")
+
+
+def test_auto_builds_no_copies_in_forked_workers(dataset: Manifest) -> None:
+    for mode, expected in (("auto", 0), (True, sum(SHARD_BYTES))):
+        src = ArrowSource(dataset, features=FEATS, categoricals=CATS, row_major=mode)
+        src._owner_pid = -1  # as in a worker process forked after construction
+        src.fetch(np.arange(100))
+        src.wait_row_major()
+        assert src.row_major_bytes == expected
+
+
+WARM_SCRIPT = """
+import sys
+import numpy as np
+from stoker.loader import kernels, rowmajor, warmup
+from stoker.loader.arrow_source import ArrowSource
+from stoker.manifest import Manifest
+
+kernels_ = [kernels.gather_fixed, kernels.gather_list, kernels.var_lengths,
+            kernels.gather_binary, kernels.copy_fixed, rowmajor.gather_rows]
+src = ArrowSource(Manifest.load(sys.argv[1]), features=["f0", "f1", "f2"],
+                  categoricals=["c0", "c1"], row_major=True)
+warmup.wait()
+warm = [set(k.signatures) for k in kernels_]
+src.fetch(np.arange(100))
+assert warm[0] and warm[4] and warm[5], warm
+assert [set(k.signatures) for k in kernels_] == warm, "a batch needed a kernel not warmed"
+print("ok")
+"""
+
+
+def test_warmup_loads_every_kernel_a_batch_needs(dataset: Manifest, tmp_path: Path) -> None:
+    import subprocess
+
+    script = tmp_path / "warm.py"
+    script.write_text(WARM_SCRIPT)
+    out = subprocess.run([sys.executable, str(script), str(dataset.root)], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

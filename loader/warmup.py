@@ -1,0 +1,115 @@
+"""Load the fast path's compiled kernels in a background thread while the loader is set up.
+
+A fresh process pays ~0.3-0.5 s before its first batch for Numba's one-time start-up and for
+loading each cached kernel (shared/FIELD-NOTES.md). That work does not depend on the data:
+only on the kernels' argument *types*. :func:`start` runs the fast plan once, in a daemon
+thread, over a one-row table of the dataset's schema (read-only buffers, like a
+memory-mapped shard), so the kernels a batch will call are loaded while the user builds a
+model or an optimiser. Start-up work that happens anyway is merely moved earlier; a failure
+only means the first batch loads the kernels itself (logged at debug level).
+
+Fork safety: a child forked while the thread holds Numba's compiler lock would deadlock on
+its first kernel call, so an at-fork hook waits for the warm-up before any ``fork``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    from stoker.loader.fastpath import FastPlan
+
+__all__ = ["start", "wait"]
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_threads: list[threading.Thread] = []
+_done: set[tuple[str, ...]] = set()  # plans already warmed in this process
+
+
+def wait() -> None:
+    """Block until every warm-up started in this process has finished."""
+    with _lock:
+        threads = list(_threads)
+    for t in threads:
+        if t is not threading.current_thread():
+            t.join()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=wait)
+
+
+def _zero(t: pa.DataType) -> pa.Array:
+    """A one-value array of type ``t`` with real buffers (all-null arrays may have none)."""
+    if pa.types.is_dictionary(t):
+        return pa.DictionaryArray.from_arrays(pa.array([0], t.index_type),
+                                              pa.nulls(1, t.value_type))
+    if pa.types.is_large_list(t):
+        return pa.LargeListArray.from_arrays(pa.array([0, 1], pa.int64()), _zero(t.value_type))
+    if pa.types.is_list(t):
+        return pa.ListArray.from_arrays(pa.array([0, 1], pa.int32()), _zero(t.value_type))
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return pa.array([b"0"], t)
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return pa.array(["0"], t)
+    if pa.types.is_boolean(t):
+        return pa.array([False], t)
+    return pa.array([0], t)
+
+
+def _one_row(schema: pa.Schema, columns: list[str]) -> tuple[list[pa.RecordBatch], pa.Buffer]:
+    """One row of ``columns`` and the read-only IPC file holding it (its arena)."""
+    fields = [schema.field(c) for c in columns]
+    batch = pa.RecordBatch.from_arrays([_zero(f.type) for f in fields],
+                                       schema=pa.schema(fields))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, batch.schema) as w:
+        w.write_batch(batch)
+    arena = pa.py_buffer(sink.getvalue().to_pybytes())
+    return [pa.ipc.open_file(arena).get_batch(0)], arena
+
+
+def _run(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
+    from stoker.loader import rowmajor
+    from stoker.loader.fastpath import ShardData
+    from stoker.loader.ring import BufferRing
+
+    try:
+        batches, arena = _one_row(schema, plan.kernel_columns)
+        data = ShardData(batches, arena, plan.kernel_columns)
+        ring = BufferRing(1, False)
+        one = np.zeros(1, dtype=np.int64)
+        groups = [(data, one, one, one)]
+        slot = ring.acquire()
+        try:
+            plan.run(groups, 1, slot, lambda cols: {c: None for c in cols})
+            if row_major:
+                data.rowmajor = rowmajor.build(plan, data, batches)
+                plan.run(groups, 1, slot, lambda cols: {c: None for c in cols})
+        finally:
+            ring.release(slot)
+    except Exception as exc:  # noqa: BLE001 - only a head start; the first batch loads them
+        logger.debug("kernel warm-up skipped: %s: %s", type(exc).__name__, exc)
+
+
+def start(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
+    """Warm ``plan``'s kernels in a daemon thread (once per plan shape and process)."""
+    if plan.image is not None:  # decoding needs real images; not worth a fake one
+        return
+    key = (*plan.kernel_columns, *(o.name for o in plan.outputs), str(row_major))
+    with _lock:
+        if key in _done:
+            return
+        _done.add(key)
+        thread = threading.Thread(target=_run, args=(plan, schema, row_major),
+                                  name="stoker-warmup", daemon=True)
+        _threads[:] = [t for t in _threads if t.is_alive()] + [thread]
+    thread.start()
