@@ -187,6 +187,14 @@ class DataLoader:
                 # window (about two shards per owned partition) so the budget can hold it.
                 owned = -(-(partitions or OrderOptions().partitions) // self.world_size)
                 max_open = 2 * owned + self.num_workers + 2
+                if cache_limit is not None and manifest.num_shards:
+                    # ... but never more than the budget can pin next to one shard being
+                    # admitted: the reader then closes (unpins) shards beyond its live window.
+                    from stoker.cache.size import parse_size
+
+                    fit = parse_size(cache_limit, "cache_limit") // max(
+                        1, int(manifest.shard_bytes.max())) - 1
+                    max_open = max(1, min(max_open, fit))
                 self._cache, opener = open_cache(manifest, cache_dir, cache_limit,
                                                  storage_options, max_open, self._cache_options)
             elif manifest.kind == "arrow":

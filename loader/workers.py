@@ -320,7 +320,9 @@ class ProcessPool(WorkerPool):
                                   "batch was skipped: fix the cause and re-create the iterator.")
         log.warning("worker process %d (pid %s) died with exit code %s; restarting it and "
                     "handing out its %d batches again", w.index, w.process.pid, code, len(lost))
+        pid = w.process.pid
         w.stop(wait=0)
+        _remove_shm_of(pid)
         self._workers[w.index] = _Proc(self._ctx, w.index, self._fn, self._init)
         self._backlog.extendleft(reversed(lost))  # first in line, in order
         self.restarts += 1
@@ -369,6 +371,22 @@ class ProcessPool(WorkerPool):
         self.discard_pending()  # drops the shared-memory tensors of batches never consumed
         for w in self._workers:
             w.stop(wait=2)
+
+
+def _remove_shm_of(pid: int | None) -> None:
+    """Remove the shared-memory files a killed worker left in /dev/shm.
+
+    torch names a tensor's segment ``torch_<pid>_...`` and unlinks it right after creating it;
+    a worker killed in between leaves the file behind, and nobody else would remove it.
+    """
+    if pid is None or not os.path.isdir("/dev/shm"):
+        return
+    for name in os.listdir("/dev/shm"):
+        if name.startswith(f"torch_{pid}_"):
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
 
 
 def _late(seq: Any, timeout: float | None) -> str:

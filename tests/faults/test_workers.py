@@ -68,6 +68,7 @@ def test_killed_worker_is_restarted_and_the_sequence_continues(
                     worst = max(worst, waited)
             assert got == expected[epoch], \
                 f"trial {t}: the sequence changed after killing a worker at step {killed_at}"
+        del b, batch  # the last batch's shared-memory tensors
         dl.close()
         events = [e for e in read_ledger(ledger).events if e["kind"] == "worker_restart"]
         assert len(events) == 1 and events[0]["exitcode"] == -signal.SIGKILL, events

