@@ -54,8 +54,9 @@ class _Opener:
         if os.getpid() != self._pid:
             with self._mutex:
                 if os.getpid() != self._pid:
-                    rebuild, args = self._cache.__reduce__()
-                    self._cache = rebuild(*args)
+                    rebuild, (manifest, cache_dir, options) = self._cache.__reduce__()
+                    # the loader's process prefetches; a worker only pins what it reads
+                    self._cache = rebuild(manifest, cache_dir, {**options, "prefetch_workers": 0})
                     self._pid = os.getpid()
         return self._cache.pin(index)
 
