@@ -433,6 +433,14 @@ built in ~0.6-0.9 s of one core. So the first epoch pays the copy (the
 the same loader run at the *2nd epoch* rate. The Parquet ceiling and the torch baseline read
 sequentially (the baseline shuffles only inside a row group).
 
+Not reached: the 4 M rows/s target. In steady state a batch costs ~0.30 ms of kernels (locate
+0.10: argsort and per-shard searchsorted in Python; then ~0.05-0.07 ms per output, the latency of
+~6 random cache lines per row) plus the DataLoader's own per-batch work; the first epoch is bounded
+by the copy (0.6-1.1 s of one core for 0.72 GiB: faulting in the mapped shards and fresh pages).
+Next steps: locate in one Numba kernel, one fused gather for all outputs, building the copies on
+more than one core, and process workers sharing one copy (forked workers build none under
+`auto`: each would hold its own).
+
 W2: decoding is simplejpeg (libjpeg-turbo), ~2.5-3x Pillow per core here. simplejpeg holds
 the GIL while decoding (measured: two threads decode no faster than one), so thread workers
 do not scale W2 past one core; process workers pay a shared-memory copy per batch and were
