@@ -93,7 +93,7 @@ def test_three_shard_budget_under_eight_readers(fault_server, after_trial, tmp_p
     assert max(c for _, c, _ in disk.samples) <= limit
     assert max(t for _, _, t in disk.samples) <= limit + allowance
     after_trial(caches=[(cache, manifest)])
-    figures = Figures("10 cache_limit = 3 shards, 8 readers")
+    figures = Figures("10 cache_limit = 3 shards, one loader, 3+ epochs")
     figures.trial(sw.s)
     figures.write()
 
