@@ -24,15 +24,14 @@ __all__ = ["stack_features", "table_to_batch"]
 
 def _numeric(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
     t = arr.type
-    if pa.types.is_dictionary(t):
-        arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
-        return _numeric(arr.indices).astype(np.int64, copy=False)
-    if pa.types.is_temporal(t):
-        arr = arr.cast(pa.int64())
-    if arr.null_count:
-        arr = pc.fill_null(arr, False if pa.types.is_boolean(t) else 0)
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
+    if pa.types.is_dictionary(t):
+        return _numeric(arr.indices).astype(np.int64, copy=False)
+    if pa.types.is_temporal(t):  # raw value in the column's unit (date32 is days, 32-bit)
+        arr = arr.view(pa.int32() if t.bit_width == 32 else pa.int64()).cast(pa.int64())
+    if arr.null_count:
+        arr = pc.fill_null(arr, False if pa.types.is_boolean(t) else 0)
     # writable=True: torch refuses to wrap read-only (Arrow-owned) memory without a warning
     return np.ascontiguousarray(arr.to_numpy(zero_copy_only=False, writable=True))
 

@@ -72,3 +72,19 @@ def test_len_and_epoch_advance(dataset) -> None:
     assert first != second
     dl.set_epoch(0)
     assert [b["id"].tolist() for b in dl] == first
+
+
+def test_temporal_columns_become_their_raw_int64_values() -> None:
+    import datetime
+
+    from stoker.loader.convert import stack_features, table_to_batch
+
+    table = pa.table({
+        "d": pa.array([datetime.date(2020, 1, 2), None], pa.date32()),
+        "ts": pa.array([1, 2], pa.timestamp("ms")),
+        "t": pa.array([3, None], pa.time64("us")),
+    })
+    batch = table_to_batch(table)
+    assert batch["d"].tolist() == [18263, 0] and batch["d"].dtype == torch.int64
+    assert batch["ts"].tolist() == [1, 2] and batch["t"].tolist() == [3, 0]
+    assert stack_features(table, ["d", "ts", "t"]).tolist() == [[18263.0, 1.0, 3.0], [0.0, 2.0, 0.0]]
