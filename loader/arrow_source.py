@@ -29,7 +29,7 @@ from stoker.loader.fastpath import FastPlan, NotZeroCopy, ShardData
 from stoker.loader.images import ImageOptions, decode_into
 from stoker.loader import rowmajor, warmup
 from stoker.loader.ring import BufferRing
-from stoker.manifest import Manifest, ManifestError, redact_url
+from stoker.manifest import Manifest, ManifestError, StokerError, redact_url
 
 __all__ = ["ArrowSource", "ShardOpener"]
 
@@ -115,7 +115,8 @@ class ArrowSource:
         self._opener = opener or self._local_opener
         self._open: OrderedDict[int, tuple[pa.Table, AbstractContextManager[str]]] = OrderedDict()
         self._max_open = max_open
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
+        self._opening: set[int] = set()  # shards being opened (pinned) by some thread now
         self.opened_shards: set[int] = set()
         budget = rowmajor.resolve_mode(row_major)
         self._row_major = budget if self._plan is not None else 0
@@ -153,11 +154,56 @@ class ArrowSource:
         return nullcontext(location.removeprefix("file://"))
 
     def _table(self, index: int) -> pa.Table:
+        """Shard ``index`` as a table, opening (and pinning) it if needed.
+
+        Open shards plus shards being opened never exceed ``max_open``: the oldest open shard
+        is closed (its cache pin released) *before* a new one is pinned, and concurrent
+        openers of the same shard wait for the first, so the pins a cache sees stay bounded
+        however many worker threads read.
+        """
+        closing = []
         with self._lock:
-            entry = self._open.get(index)
-            if entry is not None:
-                self._open.move_to_end(index)
-                return entry[0]
+            while True:
+                entry = self._open.get(index)
+                if entry is not None:
+                    self._open.move_to_end(index)
+                    return entry[0]
+                if index not in self._opening:
+                    if len(self._open) + len(self._opening) < self._max_open:
+                        break
+                    if self._open:
+                        closing.append(self._evict_oldest_locked())
+                        continue
+                self._lock.wait()
+            self._opening.add(index)
+        try:
+            for h in closing:
+                h.__exit__(None, None, None)
+            table, data, batches, handle = self._open_shard(index)
+        except BaseException:
+            with self._lock:
+                self._opening.discard(index)
+                self._lock.notify_all()
+            raise
+        with self._lock:
+            self._opening.discard(index)
+            self.opened_shards.add(index)
+            self._open[index] = (table, handle)
+            self._data[index] = data
+            self._lock.notify_all()
+        if data is not None and self._row_major:
+            self._start_row_major(index, data, batches)
+        return table
+
+    def _evict_oldest_locked(self) -> AbstractContextManager[str]:
+        """Drop the least recently used open shard; returns its handle to close unlocked."""
+        evicted, (_, handle) = self._open.popitem(last=False)
+        self._data.pop(evicted, None)
+        self._rm_budget.release(self._rm_bytes.pop(evicted, 0))
+        self._lock.notify_all()
+        return handle
+
+    def _open_shard(self, index: int) -> tuple[pa.Table, Any, list[pa.RecordBatch], Any]:
         # The opener's context (a cache pin) stays entered while the shard is open here.
         handle = self._opener(index)
         path = handle.__enter__()
@@ -173,27 +219,7 @@ class ArrowSource:
         except BaseException:
             handle.__exit__(None, None, None)
             raise
-        closing = []
-        ours = False
-        with self._lock:
-            self.opened_shards.add(index)
-            if index in self._open:  # another worker opened it meanwhile
-                closing.append(handle)
-                table = self._open[index][0]
-            else:
-                self._open[index] = (table, handle)
-                self._data[index] = data
-                ours = True
-            while len(self._open) > self._max_open:
-                evicted, (_, old) = self._open.popitem(last=False)
-                self._data.pop(evicted, None)
-                self._rm_budget.release(self._rm_bytes.pop(evicted, 0))
-                closing.append(old)
-        for h in closing:
-            h.__exit__(None, None, None)
-        if ours and data is not None and self._row_major:
-            self._start_row_major(index, data, batches)
-        return table
+        return table, data, batches, handle
 
     # -- row-major copies (stoker.loader.rowmajor) ------------------------------------------
     def _start_row_major(self, index: int, data: ShardData, batches: list[pa.RecordBatch]) -> None:
@@ -280,6 +306,8 @@ class ArrowSource:
             s = int(shard[group[0]])
             try:
                 pieces.append(self._table(s).select(columns).take(pa.array(row[group])))
+            except StokerError:  # typed errors (integrity, cache, manifest) name the shard
+                raise
             except Exception as exc:  # name the shard and samples, keep the cause
                 path = redact_url(self.manifest.shard_location(s))
                 raise WorkerError(f"reading shard {s} ({path}) for samples "

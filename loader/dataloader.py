@@ -251,11 +251,19 @@ class DataLoader:
         return self._active
 
     # -- state -----------------------------------------------------------------------------
+    def _position(self) -> tuple[int, int]:
+        """(epoch, step); "after the last batch of epoch e" is reported as (e + 1, 0)."""
+        steps = len(self)
+        if steps and self._step >= steps:
+            return self._epoch + 1, 0
+        return self._epoch, self._step
+
     def _state(self) -> LoaderState:
+        epoch, step = self._position()
         return LoaderState(
             fingerprint=self._source.fingerprint, kind=self._source.kind,
-            num_samples=self._plan.num_samples, seed=self.seed, epoch=self._epoch,
-            step=self._step, global_batch=self._plan.global_batch, drop_last=self.drop_last,
+            num_samples=self._plan.num_samples, seed=self.seed, epoch=epoch,
+            step=step, global_batch=self._plan.global_batch, drop_last=self.drop_last,
             order=self.order_options.to_dict(), world_size=self.world_size, rank=self.rank,
             mode=self._mode)
 
@@ -274,6 +282,7 @@ class DataLoader:
         if self._step > len(self):
             raise StateError(f"state step {saved.step} is past the end of the epoch "
                              f"({len(self)} steps); the state does not belong to this loader.")
+        self._epoch, self._step = self._position()
         if self._ledger is not None:
             self._ledger.event("resume", state=saved.to_dict())
         else:  # written when the ledger opens, at the next iteration

@@ -11,6 +11,7 @@ import abc
 import collections
 import logging
 import os
+import pickle
 import queue
 import threading
 import time
@@ -23,6 +24,7 @@ from multiprocessing.reduction import ForkingPickler
 import torch.multiprocessing as tmp
 
 from stoker.loader.errors import LoaderTimeoutError, WorkerError
+from stoker.manifest import StokerError
 
 __all__ = ["ProcessPool", "ThreadPool", "WorkerPool", "make_pool"]
 
@@ -35,20 +37,36 @@ _MAX_TRIES = 3  # workers that may die on one batch before it is an error
 
 
 class _Failure:
-    """A worker's exception, carried as text so it always pickles."""
+    """A worker's exception, carried as text (and as itself when it pickles).
+
+    stoker's own typed errors (``ShardIntegrityError``, ``ManifestError``, cache errors)
+    already name the shard and the fix, so the consumer re-raises them as they are, with a
+    note naming the worker and the batch; anything else becomes a ``WorkerError``.
+    """
 
     def __init__(self, worker: int, exc: BaseException) -> None:
         self.worker = worker
         self.kind = type(exc).__name__
         self.message = str(exc)
         self.trace = "".join(traceback.format_exception(exc))
-        self.exc = exc if isinstance(exc, WorkerError) else None
+        self.exc = exc if isinstance(exc, StokerError) and _pickles(exc) else None
 
     def raise_for(self, seq: Any) -> None:
+        where = f"worker {self.worker} failed producing batch {seq}"
+        if self.exc is not None and not isinstance(self.exc, WorkerError):
+            self.exc.add_note(f"({where}; worker traceback:\n{self.trace})")
+            raise self.exc
         detail = self.message if self.exc is not None else f"{self.kind}: {self.message}"
-        err = WorkerError(f"worker {self.worker} failed producing batch {seq}: {detail}\n"
-                          f"--- worker traceback ---\n{self.trace}")
+        err = WorkerError(f"{where}: {detail}\n--- worker traceback ---\n{self.trace}")
         raise err from self.exc
+
+
+def _pickles(exc: BaseException) -> bool:
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 - any failure means "send it as text"
+        return False
+    return True
 
 
 def _run_task(fn: Task, worker: int, seq: Any, payload: Any) -> Any:

@@ -120,3 +120,18 @@ def test_incompatible_options_are_refused(dataset, change, match) -> None:
 def test_garbage_state_is_refused(dataset) -> None:
     with pytest.raises(StateError):
         DataLoader(dataset).load_state_dict({"epoch": 3})
+
+
+def test_state_saved_after_the_last_batch_is_the_next_epoch(dataset) -> None:
+    kw = dict(batch_size=100, shuffle=True, seed=5)
+    dl = DataLoader(dataset, **kw)
+    it = iter(dl)
+    for _ in range(len(dl)):
+        next(it)
+    state = dl.state_dict()
+    assert (state["epoch"], state["step"]) == (1, 0)
+    resumed = DataLoader(dataset, **kw)
+    resumed.load_state_dict({**state, "epoch": 0, "step": len(dl)})  # the same position
+    assert resumed.epoch == 1 and resumed.state_dict() == state
+    dl.set_epoch(1)
+    assert [b["id"].tolist() for b in resumed] == [b["id"].tolist() for b in dl]
