@@ -181,20 +181,10 @@ class DataLoader:
                                  "datasets only; pass batch_size >= 1 for a stoker dataset.")
             opener, max_open = None, 256
             if cache_dir is not None or _is_remote(manifest.root):
-                from stoker.loader.remote import open_cache
+                from stoker.loader.remote import open_cache, pin_bound
 
-                # Every open shard holds a cache pin: keep the open set near the rank's live
-                # window (about two shards per owned partition) so the budget can hold it.
-                owned = -(-(partitions or OrderOptions().partitions) // self.world_size)
-                max_open = 2 * owned + self.num_workers + 2
-                if cache_limit is not None and manifest.num_shards:
-                    # ... but never more than the budget can pin next to one shard being
-                    # admitted: the reader then closes (unpins) shards beyond its live window.
-                    from stoker.cache.size import parse_size
-
-                    fit = parse_size(cache_limit, "cache_limit") // max(
-                        1, int(manifest.shard_bytes.max())) - 1
-                    max_open = max(1, min(max_open, fit))
+                max_open = pin_bound(manifest, partitions or OrderOptions().partitions,
+                                     self.world_size, self.num_workers, cache_limit)
                 self._cache, opener = open_cache(manifest, cache_dir, cache_limit,
                                                  storage_options, max_open, self._cache_options)
             elif manifest.kind == "arrow":

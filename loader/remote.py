@@ -9,7 +9,25 @@ from typing import Any, Callable, Mapping
 
 from stoker.manifest import Manifest
 
-__all__ = ["open_cache"]
+__all__ = ["open_cache", "pin_bound"]
+
+
+def pin_bound(manifest: Manifest, partitions: int, world_size: int, num_workers: int,
+              cache_limit: int | str | None) -> int:
+    """How many shards the reader may keep open (each holding a cache pin).
+
+    About two shards per partition this rank owns (its live window) plus one per worker, but
+    never more than the budget can pin beside one shard being admitted: the reader then
+    closes (unpins) shards beyond its window first.
+    """
+    owned = -(-partitions // world_size)
+    bound = 2 * owned + num_workers + 2
+    if cache_limit is not None and manifest.num_shards:
+        from stoker.cache import parse_size
+
+        fit = parse_size(cache_limit, "cache_limit") // max(1, int(manifest.shard_bytes.max())) - 1
+        bound = min(bound, fit)
+    return max(1, bound)
 
 
 def open_cache(manifest: Manifest, cache_dir: str | os.PathLike[str] | None,
