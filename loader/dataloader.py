@@ -11,27 +11,26 @@ sampler's, exactly as in torch.
 from __future__ import annotations
 
 import os
-import time
-import warnings
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-import numpy as np
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, Sampler
 from torch.utils.data._utils.collate import default_collate, default_convert
 
+from stoker.loader.args import check_local_shards, check_torch_args, is_remote
 from stoker.loader.arrow_source import ArrowSource
+from stoker.loader.epoch_iter import BatchTask, EpochIterator
 from stoker.loader.errors import StateError
 from stoker.loader.images import ImageOptions
-from stoker.loader.order import EpochOrder, OrderOptions
-from stoker.loader.schedule import BatchPlan, rank_batch_ids
+from stoker.loader.order import OrderOptions
+from stoker.loader.schedule import BatchPlan
 from stoker.loader.seed import resolve_seed, resolve_world
 from stoker.loader.state import LoaderState
 from stoker.loader.stats import LoaderStats
 from stoker.loader.torch_source import TorchSource
 from stoker.loader.transfer import Transfer
 from stoker.loader.workers import WorkerPool, make_pool
-from stoker.manifest import Manifest, ManifestError, redact_url
+from stoker.manifest import Manifest, redact_url
 
 __all__ = ["DataLoader"]
 
@@ -101,7 +100,7 @@ class DataLoader:
         cache_options: Mapping[str, Any] | None = None,
         row_major: bool | str = "auto",
     ) -> None:
-        _check_torch_args(batch_size, shuffle, sampler, batch_sampler, drop_last, num_workers,
+        check_torch_args(batch_size, shuffle, sampler, batch_sampler, drop_last, num_workers,
                           timeout, prefetch_factor, persistent_workers)
         self.dataset = dataset
         self.batch_size = batch_size
@@ -154,7 +153,7 @@ class DataLoader:
         self._epoch = 0
         self._step = 0
         self._pool: WorkerPool | None = None
-        self._active: _Iter | None = None
+        self._active: EpochIterator | None = None
         self._transfer = Transfer(pin_memory=pin_memory or bool(pin_memory_device),
                                   device=device or (pin_memory_device or None),
                                   depth=self.prefetch_factor)
@@ -164,7 +163,7 @@ class DataLoader:
         self._ledger_ids = ledger_ids
         self._resumed_from: dict[str, Any] | None = None
         self._cache_seen: Any = None  # cache counters already written to the ledger
-        self._task = _BatchTask(self._source, self._collate, transform)
+        self._task = BatchTask(self._source, self._collate, transform)
 
     # -- construction helpers --------------------------------------------------------------
     def _make_source(self, dataset: Any, columns: Sequence[str] | None,
@@ -180,7 +179,7 @@ class DataLoader:
                 raise ValueError("batch_size=None (no batching) is supported for map-style torch "
                                  "datasets only; pass batch_size >= 1 for a stoker dataset.")
             opener, max_open = None, 256
-            if cache_dir is not None or _is_remote(manifest.root):
+            if cache_dir is not None or is_remote(manifest.root):
                 from stoker.loader.remote import open_cache, pin_bound
 
                 max_open = pin_bound(manifest, partitions or OrderOptions().partitions,
@@ -188,7 +187,7 @@ class DataLoader:
                 self._cache, opener = open_cache(manifest, cache_dir, cache_limit,
                                                  storage_options, max_open, self._cache_options)
             elif manifest.kind == "arrow":
-                _check_local_shards(manifest)
+                check_local_shards(manifest)
             make = ArrowSource
             if manifest.kind != "arrow":  # files indexed in place by `stoker index`
                 from stoker.loader.index_source import IndexSource
@@ -237,7 +236,7 @@ class DataLoader:
             self._active.close()
         if self._step >= len(self):  # a state saved right at the end of an epoch
             self._epoch, self._step = self._epoch + 1, 0
-        self._active = _Iter(self)
+        self._active = EpochIterator(self)
         return self._active
 
     # -- state -----------------------------------------------------------------------------
@@ -342,215 +341,3 @@ class DataLoader:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
-
-
-class _BatchTask:
-    """What a worker runs for one batch. Holds no reference to the DataLoader, so worker
-    threads never keep an abandoned loader alive."""
-
-    def __init__(self, source: Any, collate: Callable[[Any], Any] | None,
-                 transform: Callable[[Any], Any] | None) -> None:
-        self.source, self.collate, self.transform = source, collate, transform
-
-    def __call__(self, payload: tuple[np.ndarray, int, int]) -> Any:
-        ids, epoch, seed = payload  # epoch and seed key the per-sample image augmentation
-        batch = self.source.fetch(ids, epoch, seed) if isinstance(self.source, ArrowSource) \
-            else self.source.fetch(ids)
-        if self.collate is not None:
-            batch = self.collate(batch)
-        if self.transform is not None:
-            batch = self.transform(batch)
-        return batch
-
-
-class _Iter:
-    """One pass over (the rest of) an epoch; yields batches in sequence order."""
-
-    _generation = 0
-
-    def __init__(self, loader: DataLoader) -> None:
-        _Iter._generation += 1
-        self._gen = _Iter._generation
-        self._loader = loader
-        self._epoch = loader._epoch
-        self._closed = False
-        if loader._mode == "order":
-            order = EpochOrder(loader._source.shard_rows, loader._source.fingerprint,
-                               loader.seed, self._epoch, loader.order_options)
-            plan = loader._plan
-            self._ids = lambda step: rank_batch_ids(order, plan, step)
-            self._steps = iter(range(loader._step, plan.steps_per_epoch))
-            cache = loader._cache
-            if cache is not None:
-                start = plan.window(loader._step)[0] if loader._step < plan.steps_per_epoch else 0
-                cache.set_future(order.shard_sequence(start, plan.num_samples, loader.rank,
-                                                      loader.world_size).tolist())
-        else:
-            batches = loader._batches_from_sampler()
-            it = iter(batches)
-            for _ in range(loader._step):
-                next(it)
-            self._sampler_it = it
-            self._ids = None
-            self._steps = iter(range(loader._step, len(batches)))
-        self._pool = loader._get_pool()
-        self._pending: list[tuple[int, np.ndarray]] = []
-        self._submitted = 0
-        depth = loader.num_workers * loader.prefetch_factor
-        self._depth = max(depth, 1)
-        self._ledger = loader._ledger_writer()
-        loader.stats.begin()
-
-    def _next_task(self) -> tuple[int, np.ndarray] | None:
-        step = next(self._steps, None)
-        if step is None:
-            return None
-        if self._ids is not None:
-            return step, self._ids(step)
-        return step, np.asarray(list(next(self._sampler_it)), dtype=np.int64)
-
-    def _fill(self) -> None:
-        while self._pool is not None and len(self._pending) < self._depth:
-            task = self._next_task()
-            if task is None:
-                return
-            self._pool.submit((self._gen, task[0]), (task[1], self._epoch, self._loader.seed))
-            self._pending.append(task)
-
-    def __iter__(self) -> "_Iter":
-        return self
-
-    def __next__(self) -> Any:
-        if self._closed:
-            raise StopIteration
-        loader = self._loader
-        t0 = time.perf_counter()
-        if self._pool is None:
-            task = self._next_task()
-            if task is None:
-                return self._finish()
-            step, ids = task
-            batch = loader._task((ids, self._epoch, loader.seed))
-        else:
-            self._fill()
-            if not self._pending:
-                return self._finish()
-            step, ids = self._pending.pop(0)
-            batch = self._pool.get((self._gen, step), loader.timeout or None)
-            for restart in self._pool.take_restarts():
-                if self._ledger is not None:
-                    self._ledger.event("worker_restart", **restart)
-            self._fill()
-        batch = loader._transfer(batch)
-        waited = time.perf_counter() - t0
-        between = loader.stats.record(len(ids), waited)
-        if self._ledger is not None:
-            self._ledger.step(self._epoch, step, loader.rank, ids, waited, between)
-            self._cache_events()
-        loader._step = step + 1
-        return batch
-
-    def _cache_events(self) -> None:
-        """Write what the cache did since the last batch (retries, quarantines, repairs) as
-        ledger events, so a run's faults are on record next to the steps they delayed."""
-        cache, ledger = self._loader._cache, self._ledger
-        if cache is None or ledger is None:
-            return
-        now = cache.stats()
-        seen = self._loader._cache_seen
-        for kind, field in _CACHE_EVENTS:
-            n = getattr(now, field) - (getattr(seen, field) if seen is not None else 0)
-            if n > 0:
-                ledger.event(kind, count=n)
-        self._loader._cache_seen = now
-
-    def _finish(self) -> Any:
-        loader = self._loader
-        self._cache_events()
-        if loader._epoch == self._epoch and loader._active is self:
-            loader._epoch, loader._step = self._epoch + 1, 0
-        self.close()
-        raise StopIteration
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        loader = self._loader
-        if self._pool is not None:
-            if loader.persistent_workers:
-                self._pool.discard_pending()
-            else:
-                loader._release_pool()
-        if self._ledger is not None:
-            self._ledger.flush()
-        if loader._active is self:
-            loader._active = None
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass
-
-
-def _check_local_shards(manifest: Manifest) -> None:
-    """Every local shard exists with the size its manifest records (one ``stat`` each).
-
-    Without a cache nothing verifies local shards as they are read, so a truncated or
-    replaced file is refused here, before any worker starts, instead of surfacing as an Arrow
-    decoding error (or wrong data) in the middle of an epoch.
-    """
-    for i, shard in enumerate(manifest.shards):
-        path = manifest.shard_location(i).removeprefix("file://")
-        try:
-            size = os.stat(path).st_size
-        except OSError as exc:
-            raise ManifestError(f"shard {i} ({shard.path!r}) cannot be read at {path} "
-                                f"({type(exc).__name__}: {exc.strerror}); the dataset is "
-                                "incomplete. Restore the file or re-create the dataset with "
-                                "`stoker shard`.", field="shards") from None
-        if size != shard.bytes:
-            raise ManifestError(f"shard {i} ({shard.path!r}) has {size} bytes at {path}, the "
-                                f"manifest says {shard.bytes}; the file was truncated or "
-                                "replaced. Restore it or re-create the dataset with "
-                                "`stoker shard`.", field="shards")
-
-
-# (ledger event kind, CacheStats counter)
-_CACHE_EVENTS = (("retry", "retries"), ("restart", "restarts"), ("quarantine", "quarantines"),
-                 ("repair", "repaired"))
-
-
-def _is_remote(root: str | None) -> bool:
-    return bool(root) and "://" in root and not root.startswith("file://")  # type: ignore[operator]
-
-
-def _check_torch_args(batch_size: int | None, shuffle: bool | None, sampler: Any,
-                      batch_sampler: Any, drop_last: bool, num_workers: int, timeout: float,
-                      prefetch_factor: int | None, persistent_workers: bool) -> None:
-    """The same argument checks (and messages) as torch's DataLoader."""
-    if num_workers < 0:
-        raise ValueError("num_workers option should be non-negative; use num_workers=0 to "
-                         "disable multiprocessing.")
-    if timeout < 0:
-        raise ValueError("timeout option should be non-negative")
-    if num_workers == 0 and prefetch_factor is not None:
-        raise ValueError("prefetch_factor option could only be specified in multiprocessing. "
-                         "let num_workers > 0 to enable multiprocessing, otherwise set "
-                         "prefetch_factor to None.")
-    if prefetch_factor is not None and prefetch_factor < 0:
-        raise ValueError("prefetch_factor option should be non-negative")
-    if persistent_workers and num_workers == 0:
-        raise ValueError("persistent_workers option needs num_workers > 0")
-    if sampler is not None and shuffle:
-        raise ValueError("sampler option is mutually exclusive with shuffle")
-    if batch_sampler is not None:
-        if batch_size != 1 or shuffle or sampler is not None or drop_last:
-            raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
-                             "shuffle, sampler, and drop_last")
-    elif batch_size is not None and batch_size < 1:
-        raise ValueError(f"batch_size should be a positive integer or None, got {batch_size!r}")
-    if batch_size is None and drop_last:
-        raise ValueError("batch_size=None option disables auto-batching and is mutually "
-                         "exclusive with drop_last")

@@ -23,7 +23,6 @@ With ``shuffle=False``, ``O[k] = k`` (``P`` recorded as 1), so rank ``r`` of ``W
 from __future__ import annotations
 
 import dataclasses
-import operator
 from dataclasses import dataclass
 from typing import Any
 

@@ -1,0 +1,68 @@
+"""Argument checks the DataLoader shares with torch's (same conditions, same messages),
+and the local-dataset checks made before any worker starts."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from stoker.manifest import Manifest, ManifestError
+
+__all__ = ["check_local_shards", "check_torch_args", "is_remote"]
+
+
+def check_torch_args(batch_size: int | None, shuffle: bool | None, sampler: Any,
+                      batch_sampler: Any, drop_last: bool, num_workers: int, timeout: float,
+                      prefetch_factor: int | None, persistent_workers: bool) -> None:
+    """The same argument checks (and messages) as torch's DataLoader."""
+    if num_workers < 0:
+        raise ValueError("num_workers option should be non-negative; use num_workers=0 to "
+                         "disable multiprocessing.")
+    if timeout < 0:
+        raise ValueError("timeout option should be non-negative")
+    if num_workers == 0 and prefetch_factor is not None:
+        raise ValueError("prefetch_factor option could only be specified in multiprocessing. "
+                         "let num_workers > 0 to enable multiprocessing, otherwise set "
+                         "prefetch_factor to None.")
+    if prefetch_factor is not None and prefetch_factor < 0:
+        raise ValueError("prefetch_factor option should be non-negative")
+    if persistent_workers and num_workers == 0:
+        raise ValueError("persistent_workers option needs num_workers > 0")
+    if sampler is not None and shuffle:
+        raise ValueError("sampler option is mutually exclusive with shuffle")
+    if batch_sampler is not None:
+        if batch_size != 1 or shuffle or sampler is not None or drop_last:
+            raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
+                             "shuffle, sampler, and drop_last")
+    elif batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size should be a positive integer or None, got {batch_size!r}")
+    if batch_size is None and drop_last:
+        raise ValueError("batch_size=None option disables auto-batching and is mutually "
+                         "exclusive with drop_last")
+
+
+def check_local_shards(manifest: Manifest) -> None:
+    """Every local shard exists with the size its manifest records (one ``stat`` each).
+
+    Without a cache nothing verifies local shards as they are read, so a truncated or
+    replaced file is refused here, before any worker starts, instead of surfacing as an Arrow
+    decoding error (or wrong data) in the middle of an epoch.
+    """
+    for i, shard in enumerate(manifest.shards):
+        path = manifest.shard_location(i).removeprefix("file://")
+        try:
+            size = os.stat(path).st_size
+        except OSError as exc:
+            raise ManifestError(f"shard {i} ({shard.path!r}) cannot be read at {path} "
+                                f"({type(exc).__name__}: {exc.strerror}); the dataset is "
+                                "incomplete. Restore the file or re-create the dataset with "
+                                "`stoker shard`.", field="shards") from None
+        if size != shard.bytes:
+            raise ManifestError(f"shard {i} ({shard.path!r}) has {size} bytes at {path}, the "
+                                f"manifest says {shard.bytes}; the file was truncated or "
+                                "replaced. Restore it or re-create the dataset with "
+                                "`stoker shard`.", field="shards")
+
+
+def is_remote(root: str | None) -> bool:
+    return bool(root) and "://" in root and not root.startswith("file://")  # type: ignore[operator]

@@ -1,0 +1,177 @@
+"""One pass over an epoch: tasks to workers in order, batches back in sequence order.
+
+Split from ``dataloader.py``: the DataLoader owns configuration and state, an
+:class:`EpochIterator` owns one iteration (the order of its epoch, the pending tasks, the
+ledger records of the steps it yields).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from stoker.loader.arrow_source import ArrowSource
+from stoker.loader.order import EpochOrder
+from stoker.loader.schedule import rank_batch_ids
+
+if TYPE_CHECKING:
+    from stoker.loader.dataloader import DataLoader
+
+__all__ = ["BatchTask", "EpochIterator"]
+
+
+# (ledger event kind, CacheStats counter)
+_CACHE_EVENTS = (("retry", "retries"), ("restart", "restarts"), ("quarantine", "quarantines"),
+                 ("repair", "repaired"))
+
+
+class BatchTask:
+    """What a worker runs for one batch. Holds no reference to the DataLoader, so worker
+    threads never keep an abandoned loader alive."""
+
+    def __init__(self, source: Any, collate: Callable[[Any], Any] | None,
+                 transform: Callable[[Any], Any] | None) -> None:
+        self.source, self.collate, self.transform = source, collate, transform
+
+    def __call__(self, payload: tuple[np.ndarray, int, int]) -> Any:
+        ids, epoch, seed = payload  # epoch and seed key the per-sample image augmentation
+        batch = self.source.fetch(ids, epoch, seed) if isinstance(self.source, ArrowSource) \
+            else self.source.fetch(ids)
+        if self.collate is not None:
+            batch = self.collate(batch)
+        if self.transform is not None:
+            batch = self.transform(batch)
+        return batch
+
+
+class EpochIterator:
+    """One pass over (the rest of) an epoch; yields batches in sequence order."""
+
+    _generation = 0
+
+    def __init__(self, loader: DataLoader) -> None:
+        EpochIterator._generation += 1
+        self._gen = EpochIterator._generation
+        self._loader = loader
+        self._epoch = loader._epoch
+        self._closed = False
+        if loader._mode == "order":
+            order = EpochOrder(loader._source.shard_rows, loader._source.fingerprint,
+                               loader.seed, self._epoch, loader.order_options)
+            plan = loader._plan
+            self._ids = lambda step: rank_batch_ids(order, plan, step)
+            self._steps = iter(range(loader._step, plan.steps_per_epoch))
+            cache = loader._cache
+            if cache is not None:
+                start = plan.window(loader._step)[0] if loader._step < plan.steps_per_epoch else 0
+                cache.set_future(order.shard_sequence(start, plan.num_samples, loader.rank,
+                                                      loader.world_size).tolist())
+        else:
+            batches = loader._batches_from_sampler()
+            it = iter(batches)
+            for _ in range(loader._step):
+                next(it)
+            self._sampler_it = it
+            self._ids = None
+            self._steps = iter(range(loader._step, len(batches)))
+        self._pool = loader._get_pool()
+        self._pending: list[tuple[int, np.ndarray]] = []
+        self._submitted = 0
+        depth = loader.num_workers * loader.prefetch_factor
+        self._depth = max(depth, 1)
+        self._ledger = loader._ledger_writer()
+        loader.stats.begin()
+
+    def _next_task(self) -> tuple[int, np.ndarray] | None:
+        step = next(self._steps, None)
+        if step is None:
+            return None
+        if self._ids is not None:
+            return step, self._ids(step)
+        return step, np.asarray(list(next(self._sampler_it)), dtype=np.int64)
+
+    def _fill(self) -> None:
+        while self._pool is not None and len(self._pending) < self._depth:
+            task = self._next_task()
+            if task is None:
+                return
+            self._pool.submit((self._gen, task[0]), (task[1], self._epoch, self._loader.seed))
+            self._pending.append(task)
+
+    def __iter__(self) -> "EpochIterator":
+        return self
+
+    def __next__(self) -> Any:
+        if self._closed:
+            raise StopIteration
+        loader = self._loader
+        t0 = time.perf_counter()
+        if self._pool is None:
+            task = self._next_task()
+            if task is None:
+                return self._finish()
+            step, ids = task
+            batch = loader._task((ids, self._epoch, loader.seed))
+        else:
+            self._fill()
+            if not self._pending:
+                return self._finish()
+            step, ids = self._pending.pop(0)
+            batch = self._pool.get((self._gen, step), loader.timeout or None)
+            for restart in self._pool.take_restarts():
+                if self._ledger is not None:
+                    self._ledger.event("worker_restart", **restart)
+            self._fill()
+        batch = loader._transfer(batch)
+        waited = time.perf_counter() - t0
+        between = loader.stats.record(len(ids), waited)
+        if self._ledger is not None:
+            self._ledger.step(self._epoch, step, loader.rank, ids, waited, between)
+            self._cache_events()
+        loader._step = step + 1
+        return batch
+
+    def _cache_events(self) -> None:
+        """Write what the cache did since the last batch (retries, quarantines, repairs) as
+        ledger events, so a run's faults are on record next to the steps they delayed."""
+        cache, ledger = self._loader._cache, self._ledger
+        if cache is None or ledger is None:
+            return
+        now = cache.stats()
+        seen = self._loader._cache_seen
+        for kind, field in _CACHE_EVENTS:
+            n = getattr(now, field) - (getattr(seen, field) if seen is not None else 0)
+            if n > 0:
+                ledger.event(kind, count=n)
+        self._loader._cache_seen = now
+
+    def _finish(self) -> Any:
+        loader = self._loader
+        self._cache_events()
+        if loader._epoch == self._epoch and loader._active is self:
+            loader._epoch, loader._step = self._epoch + 1, 0
+        self.close()
+        raise StopIteration
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        loader = self._loader
+        if self._pool is not None:
+            if loader.persistent_workers:
+                self._pool.discard_pending()
+            else:
+                loader._release_pool()
+        if self._ledger is not None:
+            self._ledger.flush()
+        if loader._active is self:
+            loader._active = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
