@@ -18,8 +18,7 @@ SERVERS = Path(__file__).resolve().parents[1] / "servers"
 if str(SERVERS) not in sys.path:
     sys.path.insert(0, str(SERVERS))
 
-from fault_server import FaultServer  # noqa: E402
-from nginx_server import NginxServer, nginx_binary  # noqa: E402
+from server_fixtures import fault_server, nginx  # noqa: E402,F401 - shared fixtures
 from s3_server import S3Server  # noqa: E402
 
 from stoker.manifest import Manifest, ShardInfo, hash_file  # noqa: E402
@@ -68,30 +67,6 @@ def dataset(tmp_path: Path) -> Callable[..., tuple[Path, Manifest]]:
         return root, build_dataset(root, **kw)  # type: ignore[arg-type]
 
     return make
-
-
-@pytest.fixture
-def fault_server() -> Iterator[FaultServer]:
-    with FaultServer() as server:
-        yield server
-
-
-@pytest.fixture
-def nginx() -> Iterator[Callable[[Path], NginxServer]]:
-    """``nginx(root)`` starts nginx serving ``root``; stopped at teardown."""
-    if nginx_binary() is None:
-        pytest.skip("nginx binary not found; install the Debian package nginx "
-                    "(tools/ci_system_deps.sh does it in CI)")
-    started: list[NginxServer] = []
-
-    def start(root: Path) -> NginxServer:
-        server = NginxServer(root)
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.close()
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 import psutil
 import pytest
@@ -24,7 +24,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from fault_server import FaultServer  # noqa: E402
-from nginx_server import NginxServer, nginx_binary  # noqa: E402
+from server_fixtures import fault_server, nginx  # noqa: E402,F401 - shared fixtures
 
 from stoker.manifest import Manifest, hash_file  # noqa: E402
 
@@ -139,30 +139,6 @@ def check_final_names(cache_dir: str | os.PathLike[str], manifest: Manifest) -> 
 def after_trial() -> TrialCheck:
     """``after_trial(caches=[(dir, manifest)], ledger=path, events=["retry"])`` after each trial."""
     return TrialCheck()
-
-
-@pytest.fixture
-def fault_server() -> Iterator[FaultServer]:
-    with FaultServer() as server:
-        yield server
-
-
-@pytest.fixture
-def nginx() -> Iterator[Callable[[Path], NginxServer]]:
-    """``nginx(root)`` starts nginx serving ``root``; stopped at teardown."""
-    if nginx_binary() is None:
-        pytest.skip("nginx binary not found; install the Debian package nginx "
-                    "(.ci/deps.d installs it in CI)")
-    started: list[NginxServer] = []
-
-    def start(root: Path) -> NginxServer:
-        server = NginxServer(root)
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.close()
 
 
 @pytest.fixture
