@@ -293,11 +293,11 @@ class ArrowSource:
 
     def take(self, ids: np.ndarray, columns: Sequence[str] | None = None) -> pa.Table:
         """Rows ``ids`` (global) of ``columns`` (default: all read) as one Arrow table, in the
-        given order."""
+        given order: grouped by shard, one take per shard, then the order restored."""
         ids = np.asarray(ids, dtype=np.int64)
         columns = self.columns if columns is None else list(columns)
         if len(ids) == 0:
-            return self.manifest.arrow_schema.empty_table().select(columns)
+            return self._empty(columns)
         shard, row = self.locate(ids)
         by_shard = np.argsort(shard, kind="stable")
         bounds = np.flatnonzero(np.diff(shard[by_shard])) + 1
@@ -305,12 +305,11 @@ class ArrowSource:
         for group in np.split(by_shard, bounds):
             s = int(shard[group[0]])
             try:
-                pieces.append(self._table(s).select(columns).take(pa.array(row[group])))
+                pieces.append(self._piece(s, row[group], columns))
             except StokerError:  # typed errors (integrity, cache, manifest) name the shard
                 raise
             except Exception as exc:  # name the shard and samples, keep the cause
-                path = redact_url(self.manifest.shard_location(s))
-                raise WorkerError(f"reading shard {s} ({path}) for samples "
+                raise WorkerError(f"reading {self._describe(s)} for samples "
                                   f"{ids[group][:8].tolist()}{'...' if len(group) > 8 else ''} "
                                   f"failed: {type(exc).__name__}: {exc}") from exc
         table = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
@@ -319,6 +318,16 @@ class ArrowSource:
             inverse[by_shard] = np.arange(len(by_shard))
             table = table.take(pa.array(inverse))
         return table
+
+    # The three steps a source over other files (IndexSource) replaces.
+    def _empty(self, columns: list[str]) -> pa.Table:
+        return self.manifest.arrow_schema.empty_table().select(columns)
+
+    def _piece(self, index: int, rows: np.ndarray, columns: list[str]) -> pa.Table:
+        return self._table(index).select(columns).take(pa.array(rows))
+
+    def _describe(self, index: int) -> str:
+        return f"shard {index} ({redact_url(self.manifest.shard_location(index))})"
 
     def fetch(self, ids: np.ndarray, epoch: int = 0, seed: int = 0) -> dict[str, Any]:
         """The batch dict for ``ids``: ``features`` and ``categoricals`` stacked, images

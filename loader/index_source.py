@@ -13,14 +13,13 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stoker.loader.arrow_source import ArrowSource
-from stoker.loader.errors import WorkerError
 from stoker.manifest import Manifest, ManifestError, ShardIntegrityError, hash_file, redact_url
 
 __all__ = ["IndexSource"]
@@ -91,35 +90,19 @@ class IndexSource(ArrowSource):
         return path
 
     # -- reading --------------------------------------------------------------------------
-    def take(self, ids: np.ndarray, columns: Sequence[str] | None = None) -> pa.Table:
-        """Rows ``ids`` (global) of ``columns`` as one Arrow table, in the given order."""
-        ids = np.asarray(ids, dtype=np.int64)
-        columns = self.columns if columns is None else list(columns)
-        schema = pa.schema([self._schema.field(c) for c in columns])
-        if len(ids) == 0:
-            return schema.empty_table()
-        shard, row = self.locate(ids)
-        by_shard = np.argsort(shard, kind="stable")
-        bounds = np.flatnonzero(np.diff(shard[by_shard])) + 1
-        pieces = []
-        for group in np.split(by_shard, bounds):
-            s = int(shard[group[0]])
-            try:
-                self.verify(s)
-                self.opened_shards.add(s)
-                pieces.append(self._rows(s, row[group], schema))
-            except ShardIntegrityError:
-                raise
-            except Exception as exc:  # name the file and samples, keep the cause
-                raise WorkerError(f"reading indexed file {self._path(s)} for samples "
-                                  f"{ids[group][:8].tolist()}{'...' if len(group) > 8 else ''} "
-                                  f"failed: {type(exc).__name__}: {exc}") from exc
-        table = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
-        if len(pieces) > 1:
-            inverse = np.empty_like(by_shard)
-            inverse[by_shard] = np.arange(len(by_shard))
-            table = table.take(pa.array(inverse))
-        return table
+    def _empty(self, columns: list[str]) -> pa.Table:
+        return self._schema_of(columns).empty_table()
+
+    def _piece(self, index: int, rows: np.ndarray, columns: list[str]) -> pa.Table:
+        self.verify(index)
+        self.opened_shards.add(index)
+        return self._rows(index, rows, self._schema_of(columns))
+
+    def _describe(self, index: int) -> str:
+        return f"indexed file {self._path(index)}"
+
+    def _schema_of(self, columns: list[str]) -> pa.Schema:
+        return pa.schema([self._schema.field(c) for c in columns])
 
     def _rows(self, index: int, rows: np.ndarray, schema: pa.Schema) -> pa.Table:
         if self.manifest.kind == "webdataset-index":
