@@ -167,9 +167,7 @@ class ThreadPool(WorkerPool):
                     self._results["__init__"].raise_for("(worker_init_fn)")
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    raise LoaderTimeoutError(f"batch {seq} was not ready after timeout={timeout}s; "
-                                             "a worker is stuck or too slow. Raise timeout= or "
-                                             "check the dataset/transform.")
+                    raise LoaderTimeoutError(_late(seq, timeout))
                 self._cond.wait(timeout=left if left is not None else 1.0)
             out = self._results.pop(seq)
         if isinstance(out, _Failure):
