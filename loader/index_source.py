@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from stoker.loader.arrow_source import ArrowSource
 from stoker.manifest import Manifest, ManifestError, ShardIntegrityError, hash_file, redact_url
+from stoker.manifest.webdataset_columns import SampleFormatError, parse_members, samples_to_table
 
 __all__ = ["IndexSource"]
 
@@ -161,8 +162,6 @@ class IndexSource(ArrowSource):
         return pa.Table.from_arrays(arrays, schema=schema).combine_chunks()
 
     def _tar_rows(self, index: int, rows: np.ndarray, schema: pa.Schema) -> pa.Table:
-        from stoker.sharder.source_webdataset import parse_members, samples_to_table
-
         offsets = self.manifest.shards[index].extra["offsets"]
         path = self._path(index)
         samples = []
@@ -175,10 +174,13 @@ class IndexSource(ArrowSource):
                     raise ShardIntegrityError(f"{path}: short read at byte {lo}; the file "
                                               "changed after indexing. Run `stoker index` again.",
                                               shard=self.manifest.shards[index].path)
-                samples.append(parse_members(data))
+                samples.append(parse_members(data, path))
+            return samples_to_table(path, samples, schema)
+        except SampleFormatError as exc:
+            # the file's hash matched the index, so only a bad index gets here
+            raise ShardIntegrityError(str(exc), shard=self.manifest.shards[index].path) from exc
         finally:
             os.close(fd)
-        return samples_to_table(path, samples, schema)
 
     def close(self) -> None:
         """Drop cached row groups; idempotent."""

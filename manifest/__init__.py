@@ -15,24 +15,44 @@ from stoker.manifest.manifest import (
 )
 from stoker.manifest.paths import check_relative_path, is_url, join_location, redact_url
 from stoker.manifest.version import stoker_version
+from stoker.manifest.webdataset_columns import (
+    KEY_COLUMN,
+    SampleFormatError,
+    base_plus_ext,
+    column_type,
+    is_meta,
+    parse_members,
+    samples_to_table,
+    tar_schema,
+    typed_value,
+)
 
 __all__ = [
     "FORMAT",
+    "KEY_COLUMN",
     "MANIFEST_NAME",
     "Manifest",
     "ManifestError",
+    "SampleFormatError",
     "ShardInfo",
     "ShardIntegrityError",
     "StokerError",
+    "base_plus_ext",
     "canonical_json",
     "check_relative_path",
+    "column_type",
     "compute_fingerprint",
     "describe_schema",
     "hash_bytes",
     "hash_file",
     "hash_stream",
+    "is_meta",
     "is_url",
     "join_location",
+    "parse_members",
     "redact_url",
+    "samples_to_table",
     "stoker_version",
+    "tar_schema",
+    "typed_value",
 ]

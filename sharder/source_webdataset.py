@@ -7,14 +7,10 @@ sample read by its byte span, so any row range is read alone; ``.tgz``/``.tar.gz
 as streams and ``.tar.zst`` is decompressed with ``zstandard`` first (consecutive ranges of one
 file then continue one stream).
 
-Column rules (also used by ``stoker index`` for uncompressed tars):
-
-- ``__key__`` (string): the sample key (the member path without its extensions).
-- ``txt``, ``text``, ``json`` (string): the member's UTF-8 text, unparsed (JSON stays text,
-  so its bytes round-trip exactly); invalid UTF-8 is an error.
-- ``cls`` (int64): an ASCII integer, WebDataset's class-label convention; anything else is an
-  error.
-- every other extension (``jpg``, ``png``, ``seg.png``, ``npy``, ...) is binary, bytes as stored.
+Column rules (``__key__`` string, ``txt``/``text``/``json`` UTF-8 text, ``cls`` int64, any
+other extension binary) are :mod:`stoker.manifest.webdataset_columns`, shared with the loader,
+which reads ``stoker index`` datasets with the same rules; here their errors are
+:class:`SharderError`.
 
 Every sample of every tar must have the same extensions: a sample that lacks one (or has an
 extra one) is an error naming the tar, the sample key and the extensions, never a silent null.
@@ -25,7 +21,6 @@ as WebDataset skips them.
 from __future__ import annotations
 
 import contextlib
-import io
 import itertools
 import tarfile
 import threading
@@ -34,30 +29,13 @@ from typing import Any, Iterator, Sequence
 import pyarrow as pa
 import zstandard
 
+from stoker.manifest import webdataset_columns as _columns
+from stoker.manifest.webdataset_columns import KEY_COLUMN, column_type, tar_schema
 from stoker.sharder.errors import SharderError
 from stoker.sharder.tar_layout import tar_layout
 
-__all__ = ["KEY_COLUMN", "check_exts", "column_type", "iter_samples", "open_tar", "parse_members",
-           "read_tar", "sample_exts", "samples_to_table", "scan_tar", "tar_schema", "typed_value"]
-
-KEY_COLUMN = "__key__"
-_STRING_EXTS = ("txt", "text", "json")
-_INT_EXTS = ("cls",)
-
-
-def column_type(ext: str) -> pa.DataType:
-    """The Arrow type of the column for files with extension ``ext``."""
-    if ext == KEY_COLUMN or ext in _STRING_EXTS:
-        return pa.string()
-    if ext in _INT_EXTS:
-        return pa.int64()
-    return pa.binary()
-
-
-def tar_schema(exts: Sequence[str]) -> pa.Schema:
-    """``__key__`` then one column per extension, sorted."""
-    return pa.schema([pa.field(KEY_COLUMN, pa.string(), False)]
-                     + [pa.field(e, column_type(e), False) for e in sorted(exts)])
+__all__ = ["KEY_COLUMN", "check_exts", "column_type", "iter_samples", "open_tar", "read_tar",
+           "sample_exts", "samples_to_table", "scan_tar", "tar_schema", "typed_value"]
 
 
 @contextlib.contextmanager
@@ -132,31 +110,27 @@ def check_exts(path: str, sample: dict[str, Any], expected: Sequence[str]) -> No
 
 
 def typed_value(path: str, key: str, ext: str, data: bytes) -> Any:
-    """The column value of one member: text, an integer, or the bytes (see module rules)."""
-    t = column_type(ext)
+    """The column value of one member (:func:`stoker.manifest.webdataset_columns.typed_value`).
+
+    Raises:
+        SharderError: a text member that is not UTF-8, an integer member that is not one.
+    """
     try:
-        if pa.types.is_string(t):
-            return data.decode("utf-8")
-        if pa.types.is_integer(t):
-            return int(data.decode("ascii").strip())
-    except (UnicodeDecodeError, ValueError) as exc:
-        what = "UTF-8 text" if pa.types.is_string(t) else "an ASCII integer"
-        raise SharderError(f"{path!r}: sample {key!r} file .{ext} is not {what} "
-                           f"({data[:20]!r}...); fix the file or rename its extension so it "
-                           "is kept as binary.") from exc
-    return data
+        return _columns.typed_value(path, key, ext, data)
+    except _columns.SampleFormatError as exc:
+        raise SharderError(str(exc)) from exc
 
 
 def samples_to_table(path: str, samples: Sequence[dict[str, Any]], schema: pa.Schema) -> pa.Table:
-    """WebDataset sample dicts -> a table with exactly ``schema``'s columns."""
-    arrays = []
-    for field in schema:
-        if field.name == KEY_COLUMN:
-            values = [s[KEY_COLUMN] for s in samples]
-        else:
-            values = [typed_value(path, s[KEY_COLUMN], field.name, s[field.name]) for s in samples]
-        arrays.append(pa.array(values, field.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
+    """WebDataset sample dicts -> a table with exactly ``schema``'s columns.
+
+    Raises:
+        SharderError: a member's bytes do not fit its column (see :func:`typed_value`).
+    """
+    try:
+        return _columns.samples_to_table(path, samples, schema)
+    except _columns.SampleFormatError as exc:
+        raise SharderError(str(exc)) from exc
 
 
 def _seekable(path: str) -> bool:
@@ -251,13 +225,3 @@ def _spans(path: str, exts: list[str], start: int, stop: int) -> list[dict[str, 
         samples.append(sample)
     return samples
 
-
-def parse_members(data: bytes, path: str = "<span>") -> dict[str, Any]:
-    """One sample from the raw tar bytes of its members (a span of a :class:`TarLayout`)."""
-    from webdataset.tariterators import group_by_keys
-
-    members = list(_members(io.BytesIO(data), path))
-    samples = list(group_by_keys(members))
-    if len(samples) != 1:
-        raise ValueError(f"expected the members of one sample, found {len(samples)} samples")
-    return samples[0]

@@ -2,8 +2,9 @@
 
 Found from the member headers alone (data is skipped, except the small text/integer members,
 which are read once to check that they parse), grouped into samples with WebDataset's own
-rules (``base_plus_ext``, ``__*__`` metadata skipped; replicated here because importing the
-``webdataset`` package imports torch, ~1 s in every sharding worker; a test checks the two agree).
+rules (``base_plus_ext``, ``__*__`` metadata skipped; replicated in
+:mod:`stoker.manifest.webdataset_columns` because importing the ``webdataset`` package imports
+torch, ~1 s in every sharding worker; a test checks the two agree).
 ``stoker index`` records the sample offsets; the tar source reads any sample range by these
 offsets without re-parsing headers. Layouts are cached per process, keyed by path, size and
 modification time.
@@ -12,7 +13,6 @@ modification time.
 from __future__ import annotations
 
 import os
-import re
 import tarfile
 import threading
 from collections import OrderedDict
@@ -20,15 +20,11 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from stoker.manifest.webdataset_columns import base_plus_ext, is_meta
 from stoker.sharder.errors import SharderError
 
 __all__ = ["TarLayout", "base_plus_ext", "is_meta", "tar_layout"]
 
-# webdataset.tariterators: tar_file_iterator's skip_meta default, meta_prefix/meta_suffix and
-# base_plus_ext's pattern (webdataset 1.0)
-_META = re.compile(r"__[^/]*__($|/)")
-_META_PREFIX = _META_SUFFIX = "__"
-_BASE_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 _CACHE: OrderedDict[tuple[str, int, int], "TarLayout"] = OrderedDict()
 _CACHE_SIZE = 64
 _lock = threading.Lock()
@@ -50,18 +46,6 @@ class TarLayout:
     exts: tuple[str, ...]
     keys: tuple[str, ...]
     members: tuple[tuple[tuple[str, int, int], ...], ...]
-
-
-def is_meta(name: str) -> bool:
-    """Members WebDataset's tar iterator skips (``__*__`` metadata)."""
-    return bool(_META.match(name)) or (
-        "/" not in name and name.startswith(_META_PREFIX) and name.endswith(_META_SUFFIX))
-
-
-def base_plus_ext(path: str) -> tuple[str | None, str | None]:
-    """Sample key and extension(s) of a member name, as WebDataset splits them."""
-    match = _BASE_EXT.match(path)
-    return (match.group(1), match.group(2)) if match else (None, None)
 
 
 def tar_layout(path: str) -> TarLayout:
