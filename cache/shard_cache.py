@@ -15,6 +15,11 @@ through the file system:
   :meth:`ShardCache.set_future`) is furthest away goes first; shards never needed again go
   before any others. Prefetching ahead of need only ever evicts shards needed *later* than
   the one it fetches, so it never makes the optimal schedule worse.
+* Prefetch threads download in parallel but are admitted one at a time, in the order the
+  shards are needed: a thread claims the next shard, takes its room and reserves its
+  in-flight bytes before the next thread may claim. So a later shard never takes the room an
+  earlier one is about to fill (it would be evicted, or refused at commit, when that one
+  lands, then fetched a second time), and each shard is fetched once per pass.
 
 The cache knows manifests and bytes, never samples.
 """
@@ -133,6 +138,8 @@ class ShardCache:
         self._trusted: dict[int, tuple[int, int, int]] = {}
         self._future: FutureIndex | None = None
         self._claimed: set[int] = set()
+        # Held by one prefetch thread from its claim until its bytes are reserved (module doc).
+        self._admission = threading.Lock()
         self._prefetch_failed: set[int] = set()  # left to the foreground until set_future
         # Shards whose download failed for good (verification failed twice, a permanent
         # refusal, retries exhausted in the foreground): asking again before the plan changes
@@ -360,17 +367,20 @@ class ShardCache:
         return True
 
     # -- fetching -------------------------------------------------------------------------------
-    def _fetch_locked(self, i: int, *, prefetch: bool) -> bool:
+    def _fetch_locked(self, i: int, *, prefetch: bool,
+                      admitted: Callable[[], None] = lambda: None) -> bool:
         """Download, verify, materialise and commit shard ``i`` (its lock held exclusive).
 
-        Returns False only when a prefetch declines (no room without hurting the schedule).
+        ``admitted`` is called once the download's room and in-flight bytes are reserved (or
+        it declined); a prefetcher then lets the next one claim. Returns False only when a
+        prefetch declines (no room without hurting the schedule).
         """
         shard = self._manifest.shards[i]
         failed = self._failed.get(i)
         if failed is not None:
             raise failed()
         try:
-            return self._fetch_checked(i, prefetch=prefetch)
+            return self._fetch_checked(i, prefetch=prefetch, admitted=admitted)
         except RemoteFetchError as exc:
             if not prefetch:  # a failed prefetch is left to the foreground to try again
                 self._failed[i] = lambda e=exc: RemoteFetchError(  # type: ignore[misc]
@@ -380,7 +390,7 @@ class ShardCache:
             self._failed[i] = lambda e=exc: ShardIntegrityError(str(e), shard=e.shard)  # type: ignore[misc]
             raise
 
-    def _fetch_checked(self, i: int, *, prefetch: bool) -> bool:
+    def _fetch_checked(self, i: int, *, prefetch: bool, admitted: Callable[[], None]) -> bool:
         shard = self._manifest.shards[i]
         if not self._budget.with_room(i, shard.bytes, prefetch):
             return False
@@ -391,6 +401,7 @@ class ShardCache:
             for attempt in (1, 2):
                 part = self._budget.reserve(i, shard.bytes, "part", wait=not prefetch, held=0,
                                             what=repr(shard.path))
+                admitted()  # the temp file now counts against every later prefetch
                 if part is None:
                     return False
                 temps.append(part)
@@ -517,8 +528,15 @@ class ShardCache:
     # -- prefetching ------------------------------------------------------------------------------
     def _prefetch_loop(self) -> None:
         while not self._closed.is_set():
-            i = self._claim_next()
+            self._admission.acquire()
+            admitted = _Once(self._admission.release)
+            try:
+                i = self._claim_next()
+            except BaseException:
+                admitted()
+                raise
             if i is None:
+                admitted()
                 with self._wake:
                     self._wake.wait(0.2)
                 continue
@@ -527,7 +545,8 @@ class ShardCache:
                 lock = FileLock(self._layout.lock(i))
                 if lock.acquire(shared=False, timeout=0):
                     try:
-                        declined = not self._is_present(i) and not self._fetch_locked(i, prefetch=True)
+                        declined = not self._is_present(i) and not self._fetch_locked(
+                            i, prefetch=True, admitted=admitted)
                     finally:
                         lock.release()
             except Exception as exc:  # noqa: BLE001 - the foreground request retries and reports
@@ -537,6 +556,7 @@ class ShardCache:
                     with self._mutex:
                         self._prefetch_failed.add(i)
             finally:
+                admitted()
                 with self._wake:
                     self._claimed.discard(i)
                     if declined and not self._closed.is_set():
@@ -553,6 +573,22 @@ class ShardCache:
                     self._claimed.add(s)
                     return s
         return None
+
+
+class _Once:
+    """Call ``fn`` the first time this is called; later calls do nothing (thread-safe)."""
+
+    __slots__ = ("_fn", "_lock")
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self._fn: Callable[[], None] | None = fn
+        self._lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self._lock:
+            fn, self._fn = self._fn, None
+        if fn is not None:
+            fn()
 
 
 def _reopen(manifest: Manifest, cache_dir: str, options: dict[str, Any]) -> ShardCache:
