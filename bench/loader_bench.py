@@ -266,31 +266,42 @@ def run_case(name: str, data: Path) -> dict[str, float]:
 
 
 def gather_profile(data: Path, batches: int = 300) -> dict[str, dict[str, float]]:
-    """Where a W1 batch's time goes: ms per output for random ids (what shuffle gives), from
-    the columns and from the row-major copies, and for consecutive ids from the columns (the
-    same work with a sequential memory pattern); and the one-off cost of the copies."""
+    """Where a W1 batch's time goes: ms per step for random ids (what shuffle gives) from
+    the columns (locate, then each output) and from the row-major records (one fused gather),
+    and for consecutive ids from the columns (the same work with a sequential memory
+    pattern); and the one-off cost of building the records."""
     from stoker.loader import kernels as k
     from stoker.loader.arrow_source import ArrowSource
-    from stoker.loader.rowmajor import gather_rows
     from stoker.manifest import Manifest
 
     manifest = Manifest.load(data / "stoker")
     sources = {mode: ArrowSource(manifest, features=FEATURES, categoricals=CATS,
                                  columns=["seq", "label"], row_major=mode)
                for mode in (False, True)}
-    out: dict[str, dict[str, float]] = {"row-major copies (one-off, s)": {}}
-    for mode, src in sources.items():  # open every shard (and build its copies)
+    out: dict[str, dict[str, float]] = {"row-major records (one-off, s)": {}}
+    for mode, src in sources.items():  # open every shard (and build its records)
         t = time.perf_counter()
         for s in range(len(src.shard_rows)):
             src._table(s)
         if mode:
-            out["row-major copies (one-off, s)"] = {
+            out["row-major records (one-off, s)"] = {
                 "build": time.perf_counter() - t, "GiB": src.row_major_bytes / 2**30}
     n = int(manifest.shard_rows.sum())
     rng = np.random.default_rng(0)
+    records = sources[True]._records
+    for warm in (True, False):
+        spent = 0.0
+        for s in range(batches):
+            ids = rng.integers(0, n, W1_BATCH)
+            slot = sources[True].ring.acquire()
+            t = time.perf_counter()
+            records.gather(ids, sources[True]._starts, slot)
+            spent += time.perf_counter() - t
+            sources[True].ring.release(slot)
+        if not warm:
+            out["random, records"] = {"fused gather": spent / batches * 1e3}
     for name, src, make in (
             ("random, columns", sources[False], lambda s: rng.integers(0, n, W1_BATCH)),
-            ("random, row-major", sources[True], lambda s: rng.integers(0, n, W1_BATCH)),
             ("sequential, columns", sources[False],
              lambda s: (np.arange(W1_BATCH) + s * W1_BATCH) % n)):
         plan = src._plan
@@ -308,11 +319,8 @@ def gather_profile(data: Path, batches: int = 300) -> dict[str, dict[str, float]
                     else:
                         arr = slot.array(o.name, (W1_BATCH, len(o.columns)), o.dtype)
                         for d, chunk, row, dest in groups:
-                            if o.name in d.rowmajor:
-                                gather_rows(d.rowmajor[o.name], d.starts, chunk, row, dest, arr)
-                            else:
-                                k.gather_fixed(d.views, d.matrix_meta(o.columns), chunk, row,
-                                               dest, arr)
+                            k.gather_fixed(d.views, d.matrix_meta(o.columns), chunk, row,
+                                           dest, arr)
                     spent[o.name] = spent.get(o.name, 0.0) + time.perf_counter() - t
                 src.ring.release(slot)
             if not warm:

@@ -122,6 +122,7 @@ class ArrowSource:
         self._row_major = budget if self._plan is not None else 0
         self._rm_budget = rowmajor.RowMajorBudget(budget)
         self._rm_bytes: dict[int, int] = {}
+        self._records: rowmajor.RecordTable | None = None  # set when the first shard opens
         self._rm_pool: tuple[int, ThreadPoolExecutor] | None = None
         self._owner_pid = os.getpid()
         if self._plan is not None:
@@ -199,6 +200,8 @@ class ArrowSource:
         """Drop the least recently used open shard; returns its handle to close unlocked."""
         evicted, (_, handle) = self._open.popitem(last=False)
         self._data.pop(evicted, None)
+        if self._records is not None:
+            self._records.remove(evicted)
         self._rm_budget.release(self._rm_bytes.pop(evicted, 0))
         self._lock.notify_all()
         return handle
@@ -223,13 +226,19 @@ class ArrowSource:
 
     # -- row-major copies (stoker.loader.rowmajor) ------------------------------------------
     def _start_row_major(self, index: int, data: ShardData, batches: list[pa.RecordBatch]) -> None:
-        """Reserve budget for shard ``index``'s row-major copies and build them (now for
+        """Reserve budget for shard ``index``'s row-major records and build them (now for
         ``row_major=True``, in the background for ``"auto"``)."""
         assert self._plan is not None  # noqa: S101 - only called on the fast path
         if self._row_major > 0 and os.getpid() != self._owner_pid:
             return  # "auto" in a forked worker process: N workers would hold N copies
-        nbytes = rowmajor.plan_bytes(self._plan, batches)
         with self._lock:
+            if self._records is None:
+                layout = rowmajor.RecordLayout.of(self._plan, batches)
+                if layout is None:
+                    self._row_major = 0
+                    return
+                self._records = rowmajor.RecordTable(layout, len(self.shard_rows))
+            nbytes = int(data.starts[-1]) * self._records.layout.stride
             if nbytes == 0 or self._data.get(index) is not data \
                     or not self._rm_budget.reserve(nbytes):
                 return
@@ -246,16 +255,23 @@ class ArrowSource:
 
     def _build_row_major(self, index: int, data: ShardData,
                          batches: list[pa.RecordBatch]) -> None:
+        table = self._records
+        assert table is not None and self._plan is not None  # noqa: S101 - set before submit
         with self._lock:
             if self._data.get(index) is not data:  # evicted (budget already released)
                 return
         try:
-            data.rowmajor = rowmajor.build(self._plan, data, batches)  # type: ignore[arg-type]
+            misfits = table.layout.misfits(batches)
+            records = rowmajor.build(table.layout, self._plan, data, misfits)
         except Exception as exc:  # noqa: BLE001 - the column path still serves this shard
             logger.warning("row-major copy of shard %d failed (%s: %s); its batches use the "
                            "column path", index, type(exc).__name__, exc)
             with self._lock:
                 self._rm_budget.release(self._rm_bytes.pop(index, 0))
+            return
+        with self._lock:
+            if self._data.get(index) is data:
+                table.add(index, records, misfits)
 
     def wait_row_major(self) -> None:
         """Block until every row-major copy started so far is built (tests, benchmarks)."""
@@ -335,19 +351,48 @@ class ArrowSource:
         stoker.loader.convert for the rules)."""
         ids = np.asarray(ids, dtype=np.int64)
         if self._plan is not None and len(ids):
+            slot = self._ring.acquire()
             try:
-                groups = self._plan.groups(ids, self._starts, self._data_of)
-            except Exception:  # noqa: BLE001 - not zero-copy, or unreadable: the pyarrow path
-                pass           # below reads it, or raises the error naming shard and samples
-            else:
-                slot = self._ring.acquire()
                 try:
+                    filled, groups, rest = self._gather_records(ids, slot)
+                except Exception:  # noqa: BLE001 - not zero-copy, or unreadable: the pyarrow
+                    pass           # path below reads it, or raises the error naming the shard
+                else:
                     return self._plan.run(groups, len(ids), slot,
                                           lambda cols: table_to_batch(self.take(ids, cols)),
-                                          (ids, self.fingerprint, seed, epoch))
-                finally:
-                    self._ring.release(slot)
+                                          (ids, self.fingerprint, seed, epoch), filled, rest)
+            finally:
+                self._ring.release(slot)
         return self._fetch_arrow(ids, epoch, seed)
+
+    def _gather_records(self, ids: np.ndarray, slot: Any) -> tuple[dict[str, np.ndarray],
+                                                                   list[Any], list[Any]]:
+        """Outputs written from row-major records, then the groups the column kernels need:
+        ``(filled, groups of every row for the other outputs, groups of the rows without
+        records for the filled outputs)`` (see :meth:`FastPlan.run`)."""
+        assert self._plan is not None  # noqa: S101
+        plan, table = self._plan, self._records
+        filled: dict[str, np.ndarray] = {}
+        rest: list[Any] = []
+        if table is not None and len(table):
+            filled, missing, touched = table.gather(ids, self._starts, slot)
+            if len(touched):
+                self._touch(touched)
+            if len(missing):
+                lists = {f.name for f in table.layout.fields if f.kind == "list"}
+                filled = {name: arr for name, arr in filled.items() if name not in lists}
+                rest = [(data, chunk, row, missing[dest]) for data, chunk, row, dest
+                        in plan.groups(ids[missing], self._starts, self._data_of)]
+        others = any(o.name not in filled for o in plan.outputs)
+        groups = plan.groups(ids, self._starts, self._data_of) if others else []
+        return filled, groups, rest
+
+    def _touch(self, shards: np.ndarray) -> None:
+        """Mark open ``shards`` as just used (the records path reads them without _table)."""
+        with self._lock:
+            for s in shards.tolist():
+                if s in self._open:
+                    self._open.move_to_end(s)
 
     def _fetch_arrow(self, ids: np.ndarray, epoch: int, seed: int) -> dict[str, Any]:
         table = self.take(ids)
@@ -384,8 +429,10 @@ class ArrowSource:
             entries = list(self._open.values())
             self._open.clear()
             self._data.clear()
-            for nbytes in self._rm_bytes.values():
+            for index, nbytes in self._rm_bytes.items():
                 self._rm_budget.release(nbytes)
+                if self._records is not None:
+                    self._records.remove(index)
             self._rm_bytes.clear()
             pool, self._rm_pool = self._rm_pool, None
         if pool is not None and pool[0] == os.getpid():

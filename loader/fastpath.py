@@ -3,8 +3,10 @@
 A :class:`FastPlan` is built once from the dataset schema and the requested columns; it
 declares every output (name, kind, dtype, and its shape as a function of the batch) up front,
 so the buffers come from a :class:`~stoker.loader.ring.BufferRing` allocated once. Reading a
-batch is then: sort the ids (vectorised), locate (shard, record batch, row) with two
-``searchsorted`` calls, and one kernel call per output and shard touched.
+batch is then one kernel call for every output the shards' row-major records hold
+(:mod:`stoker.loader.rowmajor`); the other outputs (and rows of shards without records): sort
+the ids (vectorised), locate (shard, record batch, row) with two ``searchsorted`` calls, and
+one kernel call per output and shard touched.
 
 Supported without pyarrow in the loop: fixed-width numeric, bool, temporal and dictionary
 columns; ``list``/``large_list`` of those; ``binary``/``string`` (and their large variants).
@@ -26,7 +28,6 @@ import torch
 from stoker.loader import kernels as k
 from stoker.loader.images import ImageOptions, decode_into
 from stoker.loader.ring import BufferRing, Slot
-from stoker.loader.rowmajor import gather_rows
 
 __all__ = ["FastPlan", "NotZeroCopy", "Output", "ShardData", "physical_code"]
 
@@ -160,8 +161,6 @@ class ShardData:
                 len(arrs), -1)
         self._arena = loc.finish()
         self.views = k.arena_views(self._arena)
-        # output name -> row-major copy [rows, width] (stoker.loader.rowmajor); set once, whole
-        self.rowmajor: dict[str, np.ndarray] = {}
 
     def matrix_meta(self, columns: Sequence[str]) -> np.ndarray:
         """int64 ``[chunks, K, 4]`` for :func:`~stoker.loader.kernels.gather_fixed`."""
@@ -234,28 +233,32 @@ class FastPlan:
 
     def run(self, groups: list[_Group], n: int, slot: Slot,
             arrow: Callable[[list[str]], dict[str, Any]],
-            augment: tuple[np.ndarray, str, int, int] | None = None) -> dict[str, Any]:
+            augment: tuple[np.ndarray, str, int, int] | None = None,
+            filled: dict[str, np.ndarray] | None = None,
+            rest: Sequence[_Group] = ()) -> dict[str, Any]:
         """Fill every output for one batch of ``n`` rows into ``slot``; ``arrow(columns)``
         converts the columns the kernels do not handle; ``augment`` is (ids, fingerprint,
-        seed, epoch), all that image augmentation depends on."""
+        seed, epoch), all that image augmentation depends on.
+
+        ``filled`` are outputs already written from row-major records
+        (:mod:`stoker.loader.rowmajor`) for every row but those of ``rest``, which the column
+        kernels write here; ``groups`` (all rows) serve the other outputs.
+        """
         batch: dict[str, Any] = {}
+        filled = filled or {}
         fallback = arrow(self.arrow_columns) if self.arrow_columns else {}
         for out in self.outputs:
-            if out.kind == "matrix":
+            if out.name in filled:
+                arr = filled[out.name]
+                for data, chunk, row, dest in rest:
+                    k.gather_fixed(data.views, data.matrix_meta(out.columns), chunk, row, dest,
+                                   arr)
+                batch[out.name] = torch.from_numpy(arr.reshape(n) if out.kind == "fixed" else arr)
+            elif out.kind in ("matrix", "fixed"):
                 arr = slot.array(out.name, (n, len(out.columns)), out.dtype)
                 for data, chunk, row, dest in groups:
-                    mat = data.rowmajor.get(out.name)
-                    if mat is not None:
-                        gather_rows(mat, data.starts, chunk, row, dest, arr)
-                    else:
-                        k.gather_fixed(data.views, data.matrix_meta(out.columns), chunk, row,
-                                       dest, arr)
-                batch[out.name] = torch.from_numpy(arr)
-            elif out.kind == "fixed":
-                arr = slot.array(out.name, (n, 1), out.dtype)
-                for data, chunk, row, dest in groups:
                     k.gather_fixed(data.views, data.matrix_meta(out.columns), chunk, row, dest, arr)
-                batch[out.name] = torch.from_numpy(arr.reshape(n))
+                batch[out.name] = torch.from_numpy(arr.reshape(n) if out.kind == "fixed" else arr)
             elif out.kind == "list":
                 self._list(out, groups, n, slot, batch)
             elif out.kind == "image":
@@ -276,14 +279,6 @@ class FastPlan:
 
     def _list(self, out: Output, groups: list[_Group], n: int, slot: Slot,
               batch: dict[str, Any]) -> None:
-        mats = [g[0].rowmajor.get(out.name) for g in groups]
-        if n and all(m is not None for m in mats) and len({m.shape[1] for m in mats}) == 1:
-            # every row has the same length and no list is null: no lengths, no padding
-            arr = slot.array(out.name, (n, mats[0].shape[1]), out.dtype)
-            for mat, (data, chunk, row, dest) in zip(mats, groups):
-                gather_rows(mat, data.starts, chunk, row, dest, arr)
-            batch[out.name] = torch.from_numpy(arr)
-            return
         lengths = self._lengths(out, groups, n, slot)
         np.maximum(lengths, 0, out=lengths)  # null list -> empty, as in the pyarrow path
         width = int(lengths.max()) if n else 0

@@ -16,6 +16,7 @@ after use.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from typing import Any
@@ -57,7 +58,7 @@ class Slot:
     def array(self, name: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """A C-contiguous ``shape``/``dtype`` array backed by this slot's buffer ``name``."""
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         old = self._buffers.get(name)
         if old is None or old.nbytes < nbytes:
             # grow by 1.5x so a slowly growing width (list, binary) settles quickly

@@ -1,17 +1,20 @@
-"""Row-major copies of a shard's stacked columns, so a shuffled batch reads contiguous rows.
+"""Row-major records of open shards, so a shuffled batch is one fused gather.
 
 Shards are columnar: gathering one random row of ``K`` stacked columns costs ``K`` cache (and
 mostly TLB) misses, one per column. With a true shuffle over the whole dataset that latency,
-not conversion, bounds the fast path (bench/RESULTS.md, "Loader"). Copying the stacked
-outputs of an open shard once into row-major matrices (``features`` -> float32 ``[rows, K]``,
-``categoricals`` -> int64 ``[rows, C]``, a list column whose values all have the same length
-``L`` and no nulls -> ``[rows, L]``) turns each row into a few consecutive cache lines.
+not conversion, bounds the column path (bench/RESULTS.md, "Loader"). So each open shard's
+fixed-width outputs are copied once into one **record per row**: ``features`` (float32
+``[K]``), ``categoricals`` (int64 ``[C]``), every fixed-width column output (e.g. an int64
+label) and every list column whose values all have one length ``L`` and no nulls (``[L]``),
+side by side (:class:`RecordLayout`). A shuffled row is then a few consecutive cache lines,
+and one kernel call (:func:`gather`) fills every such output of a whole batch from any number
+of shards, prefetching rows ahead so many misses are in flight at once.
 
-The copy is made with the gather kernels themselves (:mod:`stoker.loader.kernels`) over
-consecutive rows, block by block, so it holds *exactly* the values the column path writes
-(casts, nulls -> 0): batches are bitwise equal whichever path serves a row.
+The copy is made with the column kernels themselves (:mod:`stoker.loader.kernels`) over
+consecutive rows, so it holds *exactly* the values the column path writes (casts, nulls -> 0):
+batches are bitwise equal whichever path serves a row.
 
-Memory is explicit: :class:`RowMajorBudget` decides how many bytes of copies may exist at
+Memory is explicit: :class:`RowMajorBudget` decides how many bytes of records may exist at
 once across the open shards (see :data:`AUTO_BUDGET_BYTES`).
 """
 
@@ -20,20 +23,25 @@ from __future__ import annotations
 import mmap
 import os
 import threading
-from typing import TYPE_CHECKING, Sequence
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from stoker.loader import kernels as k
+from stoker.loader.intrinsics import pointer, prefetch
 from stoker.loader.jit import kernel
 
 if TYPE_CHECKING:
     from stoker.loader.fastpath import FastPlan, ShardData
+    from stoker.loader.ring import Slot
 
-__all__ = ["AUTO_BUDGET_BYTES", "RowMajorBudget", "build", "gather_rows", "plan_bytes",
-           "resolve_mode"]
+__all__ = ["AUTO_BUDGET_BYTES", "Field", "RecordLayout", "RecordTable", "RowMajorBudget",
+           "build", "resolve_mode"]
 
 #: ``row_major="auto"`` keeps at most this many bytes of row-major copies alive: 2 GiB, or a
 #: quarter of physical memory when that is smaller.
@@ -41,6 +49,7 @@ AUTO_BUDGET_BYTES = 2 << 30
 
 _BLOCK = 2048  # rows per list-copy block (bounds the kernels' scratch arrays)
 _TILE = 256  # rows per tile of copy_fixed: 256 rows x 64 float32 = 64 KiB stays in L1/L2
+_AHEAD = 16  # rows prefetched ahead by the gather (0.09 ms per W1 batch; 4-32 all within 10 %)
 
 
 def _physical_memory() -> int | None:
@@ -107,25 +116,6 @@ def _list_width(batches: Sequence[pa.RecordBatch], name: str) -> int:
     return max(width, 0)
 
 
-def _targets(plan: FastPlan, batches: Sequence[pa.RecordBatch]) -> list[tuple[str, str, int, np.dtype]]:
-    """(output, kind, width, dtype) of each output that gets a row-major copy."""
-    out = []
-    for o in plan.outputs:
-        if o.kind == "matrix":
-            out.append((o.name, "matrix", len(o.columns), np.dtype(o.dtype)))
-        elif o.kind == "list":
-            width = _list_width(batches, o.name)
-            if width:
-                out.append((o.name, "list", width, np.dtype(o.dtype)))
-    return out
-
-
-def plan_bytes(plan: FastPlan, batches: Sequence[pa.RecordBatch]) -> int:
-    """Bytes the row-major copies of one shard would take."""
-    rows = sum(b.num_rows for b in batches)
-    return sum(rows * w * dt.itemsize for _, _, w, dt in _targets(plan, batches))
-
-
 @kernel
 def _copy_list(views, meta, starts, out):  # type: ignore[no-untyped-def]
     """Every row of the shard, in order, through :func:`kernels.gather_list`, block by block."""
@@ -161,35 +151,220 @@ def _allocate(rows: int, width: int, dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(region, dtype=dtype).reshape(rows, width)
 
 
-def build(plan: FastPlan, data: ShardData, batches: Sequence[pa.RecordBatch]) -> dict[str, np.ndarray]:
-    """Row-major copies of ``data``'s stacked outputs (output name -> ``[rows, width]``)."""
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One output inside a record: ``width`` values of ``dtype`` at byte ``offset``."""
+
+    name: str
+    kind: str  # "matrix" | "fixed" | "list" (the plan's output kind)
+    offset: int
+    width: int
+    dtype: np.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.width * self.dtype.itemsize
+
+
+class RecordLayout:
+    """Where each record-held output lives in a row's record (the same for every shard)."""
+
+    def __init__(self, fields: Sequence[Field]) -> None:
+        self.fields = tuple(fields)
+        end = max((f.offset + f.nbytes for f in self.fields), default=0)
+        self.stride = (end + 7) // 8 * 8
+
+    @classmethod
+    def of(cls, plan: FastPlan, batches: Sequence[pa.RecordBatch]) -> RecordLayout | None:
+        """The layout for ``plan``; list outputs are included when their values all have one
+        length in ``batches`` (a shard). ``None`` when no output fits a record."""
+        fields: list[Field] = []
+        offset = 0
+        for o in plan.outputs:
+            width = len(o.columns) if o.kind in ("matrix", "fixed") else \
+                _list_width(batches, o.name) if o.kind == "list" else 0
+            if width and o.dtype is not None:
+                fields.append(Field(o.name, o.kind, offset, width, np.dtype(o.dtype)))
+                offset += (width * np.dtype(o.dtype).itemsize + 7) // 8 * 8
+        return cls(fields) if fields else None
+
+    def misfits(self, batches: Sequence[pa.RecordBatch]) -> list[str]:
+        """List outputs whose values in ``batches`` (a shard) do not all have this layout's
+        length (or are null): the records cannot serve those outputs for this shard."""
+        return [f.name for f in self.fields
+                if f.kind == "list" and _list_width(batches, f.name) != f.width]
+
+
+def build(layout: RecordLayout, plan: FastPlan, data: ShardData,
+          skip: Sequence[str] = ()) -> np.ndarray:
+    """The records of ``data``'s shard: uint8 ``[rows, layout.stride]``; fields in ``skip``
+    (the shard's :meth:`RecordLayout.misfits`) are left unwritten."""
     rows = int(data.starts[-1])
-    copies: dict[str, np.ndarray] = {}
-    for name, kind, width, dtype in _targets(plan, batches):
-        mat = _allocate(rows, width, dtype)
-        if kind == "matrix":
-            cols = next(o.columns for o in plan.outputs if o.name == name)
-            k.copy_fixed(data.views, data.matrix_meta(cols), data.starts, _TILE, mat)
+    rec = _allocate(rows, layout.stride, np.dtype(np.uint8))
+    columns = {o.name: o.columns for o in plan.outputs}
+    for f in layout.fields:
+        view = rec[:, f.offset:f.offset + f.nbytes].view(f.dtype)
+        if f.name in skip:
+            continue
+        if f.kind == "list":
+            _copy_list(data.views, data.meta[f.name], data.starts, view)
         else:
-            _copy_list(data.views, data.meta[name], data.starts, mat)
-        copies[name] = mat
-    return copies
+            k.copy_fixed(data.views, data.matrix_meta(columns[f.name]), data.starts, _TILE, view)
+    return rec
 
 
 @kernel
-def gather_rows(mat, starts, chunk, row, dest, out):  # type: ignore[no-untyped-def]
-    """``out[dest[i], :] = mat[starts[chunk[i]] + row[i], :]``: one contiguous row per sample.
-
-    Two passes: the first computes every source row (no misses), the second copies, so the
-    loop carrying the misses is short and many of them are in flight at once.
-    """
-    n = chunk.shape[0]
-    width = mat.shape[1]
+def _gather(ids, starts, addrs, stride, offsets, sizes, outs,  # type: ignore[no-untyped-def]
+            missing, marks, stamp, touched):
+    """Fill ``outs[f][i, :]`` with bytes ``offsets[f]:offsets[f] + sizes[f]`` of sample
+    ``ids[i]``'s record; returns ``(m, t)``: ``missing[:m]`` are the batch rows whose shard has
+    no record (``addrs[shard] == 0``), ``touched[:t]`` the shards read (``marks`` holds the
+    last ``stamp`` that saw each shard)."""
+    n = ids.shape[0]
+    last = starts.shape[0] - 1
     src = np.empty(n, dtype=np.int64)
+    m = 0
+    t = 0
     for i in range(n):
-        src[i] = starts[chunk[i]] + row[i]
+        g = ids[i]
+        lo = 0
+        hi = last
+        while hi - lo > 1:
+            mid = (lo + hi) >> 1
+            if starts[mid] <= g:
+                lo = mid
+            else:
+                hi = mid
+        a = addrs[lo]
+        if a == 0:
+            src[i] = 0
+            missing[m] = i
+            m += 1
+        else:
+            src[i] = a + (g - starts[lo]) * stride
+            if marks[lo] != stamp:
+                marks[lo] = stamp
+                touched[t] = lo
+                t += 1
+    for i in range(min(_AHEAD, n)):
+        if src[i] != 0:
+            for b in range(0, stride, 64):
+                prefetch(src[i] + b)
     for i in range(n):
-        s = src[i]
-        d = dest[i]
-        for j in range(width):
-            out[d, j] = mat[s, j]
+        j = i + _AHEAD
+        if j < n and src[j] != 0:
+            for b in range(0, stride, 64):
+                prefetch(src[j] + b)
+        if src[i] == 0:
+            continue
+        p = pointer(src[i])
+        for f in range(offsets.shape[0]):
+            out = outs[f]
+            off = offsets[f]
+            for b in range(sizes[f]):
+                out[i, b] = p[off + b]
+    return m, t
+
+
+class RecordTable:
+    """The records of the open shards, addressable from one kernel call.
+
+    ``addrs[shard]`` is the address of the shard's records (0: none). A record removed while
+    a batch may be reading it is *retired*, not freed: it is dropped once every batch that
+    started before the removal has finished (a generation count), so a kernel never reads
+    freed memory, whatever the threads do.
+
+    Args:
+        layout: the record layout of every shard's records.
+        shards: number of shards in the dataset.
+    """
+
+    def __init__(self, layout: RecordLayout, shards: int) -> None:
+        self.layout = layout
+        self.addrs = np.zeros(shards, dtype=np.int64)
+        self._marks = np.zeros(shards, dtype=np.int64)
+        self._records: dict[int, np.ndarray] = {}
+        self._retired: list[tuple[int, np.ndarray]] = []
+        self._generation = 0
+        self._readers: Counter[int] = Counter()
+        self._stamp = 0
+        self._lock = threading.Lock()
+        self._serving = self._describe(layout.fields)  # lists may drop out (see add)
+
+    @staticmethod
+    def _describe(fields: Sequence[Field]) -> tuple[tuple[Field, ...], np.ndarray, np.ndarray]:
+        return (tuple(fields), np.array([f.offset for f in fields], dtype=np.int64),
+                np.array([f.nbytes for f in fields], dtype=np.int64))
+
+    @property
+    def fields(self) -> tuple[Field, ...]:
+        """The fields records serve now."""
+        return self._serving[0]
+
+    def add(self, shard: int, records: np.ndarray, misfits: Sequence[str] = ()) -> None:
+        """Serve ``shard`` from ``records``; list outputs in ``misfits`` stop being served
+        from records (for every shard: a batch's list must have one width)."""
+        with self._lock:
+            if misfits:
+                self._serving = self._describe([f for f in self._serving[0]
+                                                if f.name not in misfits])
+            self._records[shard] = records
+            self.addrs[shard] = records.ctypes.data
+
+    def remove(self, shard: int) -> None:
+        with self._lock:
+            records = self._records.pop(shard, None)
+            if records is None:
+                return
+            self.addrs[shard] = 0
+            self._generation += 1
+            self._retired.append((self._generation, records))
+            self._collect_locked()
+
+    def __contains__(self, shard: int) -> bool:
+        return shard in self._records
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def _collect_locked(self) -> None:
+        oldest = min(self._readers, default=self._generation + 1)
+        self._retired = [(g, r) for g, r in self._retired if g > oldest]
+
+    @contextmanager
+    def _reading(self) -> Iterator[tuple[tuple[tuple[Field, ...], np.ndarray, np.ndarray], int]]:
+        with self._lock:
+            generation = self._generation
+            self._readers[generation] += 1
+            self._stamp += 1
+            stamp = self._stamp
+            serving = self._serving
+        try:
+            yield serving, stamp
+        finally:
+            with self._lock:
+                self._readers[generation] -= 1
+                if not self._readers[generation]:
+                    del self._readers[generation]
+                self._collect_locked()
+
+    def gather(self, ids: np.ndarray, starts: np.ndarray,
+               slot: Slot) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """Fill the record-served outputs of the batch ``ids`` into ``slot``.
+
+        Returns ``(outputs, missing, touched)``: output name -> array (rows in ``missing``,
+        batch positions whose shard has no records, are left for the column path) and the
+        shards read.
+        """
+        n = len(ids)
+        with self._reading() as ((fields, offsets, sizes), stamp):
+            if not fields:
+                return {}, np.arange(n, dtype=np.int64), np.empty(0, dtype=np.int64)
+            arrays = {f.name: slot.array(f.name, (n, f.width), f.dtype) for f in fields}
+            outs = tuple(arrays[f.name].view(np.uint8) for f in fields)
+            missing = np.empty(n, dtype=np.int64)
+            touched = np.empty(n, dtype=np.int64)
+            m, t = _gather(ids, starts, self.addrs, self.layout.stride, offsets, sizes, outs,
+                           missing, self._marks, stamp, touched)
+        return arrays, missing[:m], touched[:t]

@@ -3,7 +3,7 @@
 A fresh process pays ~0.3-0.5 s before its first batch for Numba's one-time start-up and for
 loading each cached kernel (shared/FIELD-NOTES.md). That work does not depend on the data:
 only on the kernels' argument *types*. :func:`start` runs the fast plan once, in a daemon
-thread, over a one-row table of the dataset's schema (read-only buffers, like a
+thread, over a two-row table of the dataset's schema (read-only buffers, like a
 memory-mapped shard), so the kernels a batch will call are loaded while the user builds a
 model or an optimiser. Start-up work that happens anyway is merely moved earlier; a failure
 only means the first batch loads the kernels itself (logged at debug level).
@@ -65,10 +65,11 @@ def _zero(t: pa.DataType) -> pa.Array:
     return pa.array([0], t)
 
 
-def _one_row(schema: pa.Schema, columns: list[str]) -> tuple[list[pa.RecordBatch], pa.Buffer]:
-    """One row of ``columns`` and the read-only IPC file holding it (its arena)."""
+def _tiny_shard(schema: pa.Schema, columns: list[str]) -> tuple[list[pa.RecordBatch], pa.Buffer]:
+    """Two rows of ``columns`` and the read-only IPC file holding them (their arena)."""
     fields = [schema.field(c) for c in columns]
-    batch = pa.RecordBatch.from_arrays([_zero(f.type) for f in fields],
+    # two rows: a one-row shard's record views would be C-contiguous, a real shard's are not
+    batch = pa.RecordBatch.from_arrays([pa.concat_arrays([_zero(f.type)] * 2) for f in fields],
                                        schema=pa.schema(fields))
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, batch.schema) as w:
@@ -83,7 +84,7 @@ def _run(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
     from stoker.loader.ring import BufferRing
 
     try:
-        batches, arena = _one_row(schema, plan.kernel_columns)
+        batches, arena = _tiny_shard(schema, plan.kernel_columns)
         data = ShardData(batches, arena, plan.kernel_columns)
         ring = BufferRing(1, False)
         one = np.zeros(1, dtype=np.int64)
@@ -91,9 +92,11 @@ def _run(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
         slot = ring.acquire()
         try:
             plan.run(groups, 1, slot, lambda cols: {c: None for c in cols})
-            if row_major:
-                data.rowmajor = rowmajor.build(plan, data, batches)
-                plan.run(groups, 1, slot, lambda cols: {c: None for c in cols})
+            layout = rowmajor.RecordLayout.of(plan, batches) if row_major else None
+            if layout is not None:
+                table = rowmajor.RecordTable(layout, 1)
+                table.add(0, rowmajor.build(layout, plan, data, layout.misfits(batches)))
+                table.gather(one, np.array([0, 2], dtype=np.int64), slot)
         finally:
             ring.release(slot)
     except Exception as exc:  # noqa: BLE001 - only a head start; the first batch loads them

@@ -113,21 +113,28 @@ def test_row_major_batches_equal_column_path(features: list[pa.DataType],
             sources["auto"].wait_row_major()
             again = _bytes(sources["auto"].fetch(ids))  # served by the copies now
             assert first[True] == first[False] == first["auto"] == again
-        # which outputs got a copy: stacked outputs always; seq where the shard's lists all
-        # have one (non-zero) length and none is null (decided shard by shard)
+        # which outputs the records serve: every fixed-width one; seq when every shard with
+        # records has lists of one (non-zero) length and no null list
         for mode in (True, "auto"):
-            for s, data in sources[mode]._data.items():
+            src = sources[mode]
+            table = src._records
+            if table is None:  # no shard is zero-copy (e.g. empty list values): pyarrow path
+                assert all(data is None for data in src._data.values())
+                continue
+            served = {f.name for f in table.fields}
+            assert {"id"} | ({"features"} if fnames else set()) \
+                | ({"categoricals"} if cnames else set()) <= served
+            widths = set()
+            for s, data in src._data.items():
                 if data is None:  # not zero-copy (e.g. empty list values): pyarrow path
+                    assert s not in table
                     continue
+                assert s in table and table._records[s].shape == (data.starts[-1], table.layout.stride)
                 seqs = tables[s].column("seq")
                 lengths = set(pa.compute.list_value_length(seqs).to_pylist())
-                fixed_seq = seqs.null_count == 0 and len(lengths) == 1 and lengths != {0}
-                expected = (["features"] if fnames else []) \
-                    + (["categoricals"] if cnames else []) + (["seq"] if fixed_seq else [])
-                assert sorted(data.rowmajor) == sorted(expected)
-                for name in expected:
-                    assert data.rowmajor[name].shape[0] == data.starts[-1]
-        assert all(d is None or not d.rowmajor for d in sources[False]._data.values())
+                widths.add(lengths.pop() if seqs.null_count == 0 and len(lengths) == 1 else 0)
+            assert ("seq" in served) == (len(widths) == 1 and 0 not in widths)
+        assert sources[False]._records is None
         assert sources[False].row_major_bytes == 0
         for s in sources.values():
             s.close()
@@ -142,8 +149,9 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Manifest:
 
 
 FEATS, CATS = ["f0", "f1", "f2"], ["c0", "c1"]
-# rows x (3 float32 + 2 int64 + 3 float32) bytes per shard
-SHARD_BYTES = [n * (3 * 4 + 2 * 8 + 3 * 4) for n in (50, 30, 20)]
+# rows x record stride: features 3 float32 (12 -> 16 bytes, fields are 8-aligned), categoricals
+# 2 int64 (16), id int64 (8), seq 3 float32 (12 -> 16)
+SHARD_BYTES = [n * (16 + 16 + 8 + 16) for n in (50, 30, 20)]
 
 
 def test_budget_accounts_for_open_shards_and_eviction(dataset: Manifest) -> None:
@@ -151,7 +159,8 @@ def test_budget_accounts_for_open_shards_and_eviction(dataset: Manifest) -> None
     for s in range(3):
         src._table(s)
         assert src.row_major_bytes == SHARD_BYTES[s]  # the evicted shard's copy is released
-        assert sorted(src._data[s].rowmajor) == ["categoricals", "features", "seq"]
+        assert s in src._records and all(t not in src._records for t in range(s))
+    assert [f.name for f in src._records.fields] == ["features", "categoricals", "id", "seq"]
     src.close()
     assert src.row_major_bytes == 0
 
@@ -165,7 +174,7 @@ def test_auto_skips_shards_beyond_the_budget(dataset: Manifest,
     src.fetch(ids)
     src.wait_row_major()
     assert src.row_major_bytes == SHARD_BYTES[0] + SHARD_BYTES[1]
-    assert [bool(src._data[s].rowmajor) for s in range(3)] == [True, True, False]
+    assert [s in src._records for s in range(3)] == [True, True, False]
     assert _bytes(src.fetch(ids)) == _bytes(ref.fetch(ids))  # mixed copies and columns
 
 
@@ -201,7 +210,7 @@ from stoker.loader.arrow_source import ArrowSource
 from stoker.manifest import Manifest
 
 kernels_ = [kernels.gather_fixed, kernels.gather_list, kernels.var_lengths,
-            kernels.gather_binary, kernels.copy_fixed, rowmajor.gather_rows]
+            kernels.gather_binary, kernels.copy_fixed, rowmajor._gather]
 src = ArrowSource(Manifest.load(sys.argv[1]), features=["f0", "f1", "f2"],
                   categoricals=["c0", "c1"], row_major=True)
 warmup.wait()
