@@ -13,11 +13,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# package folder -> stoker packages its modules must never import
+# package folder -> stoker packages its modules must never import (tools sits on top of all)
 FORBIDDEN = {
-    "loader": ("stoker.sharder",),
-    "cache": ("stoker.sharder",),
-    "manifest": ("stoker.loader", "stoker.cache", "stoker.sharder"),
+    "cache": ("stoker.loader", "stoker.sharder", "stoker.tools"),
+    "loader": ("stoker.sharder", "stoker.tools"),
+    "manifest": ("stoker.cache", "stoker.loader", "stoker.sharder", "stoker.tools"),
+    "sharder": ("stoker.cache", "stoker.loader", "stoker.tools"),
 }
 
 
