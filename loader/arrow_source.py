@@ -27,6 +27,7 @@ from stoker.loader.convert import stack_features, table_to_batch
 from stoker.loader.errors import WorkerError
 from stoker.loader.fastpath import FastPlan, NotZeroCopy, ShardData
 from stoker.loader.images import ImageOptions, decode_into
+from stoker.loader.record_store import RecordStore
 from stoker.loader import rowmajor, warmup
 from stoker.loader.ring import BufferRing
 from stoker.manifest import Manifest, ManifestError, StokerError, redact_url
@@ -64,8 +65,12 @@ class ArrowSource:
             use the column path until then) while all copies fit ``min(2 GiB, physical
             memory / 4)``; ``True``: built when the shard opens, no memory limit; ``False``:
             never. Costs ``rows x (4 K + 8 C + itemsize x L)`` bytes per open shard. Forked
-            worker processes (``worker_mode="process"``) build no copies under ``"auto"``:
-            each would hold its own.
+            worker processes (``worker_mode="process"``) build no in-memory copies under
+            ``"auto"``: each would hold its own.
+        row_major_dir: keep the records in files there (:mod:`stoker.loader.record_store`):
+            built once per node, mapped by every later process (page cache, shared, not
+            private memory); ``None``: in memory only. A directory that cannot be used is
+            logged once and memory is used instead.
     """
 
     kind = "stoker"
@@ -74,7 +79,8 @@ class ArrowSource:
                  features: Sequence[str] | None = None, opener: ShardOpener | None = None,
                  max_open: int = 256, categoricals: Sequence[str] | None = None,
                  fast: bool = True, ring_depth: int = 8, pin: bool = False,
-                 image: ImageOptions | None = None, row_major: bool | str = "auto") -> None:
+                 image: ImageOptions | None = None, row_major: bool | str = "auto",
+                 row_major_dir: str | None = None) -> None:
         names = manifest.arrow_schema.names
         for what, given in (("columns", columns), ("features", features),
                             ("categoricals", categoricals)):
@@ -123,7 +129,9 @@ class ArrowSource:
         self._rm_budget = rowmajor.RowMajorBudget(budget)
         self._rm_bytes: dict[int, int] = {}
         self._records: rowmajor.RecordTable | None = None  # set when the first shard opens
-        self._rm_pool: tuple[int, ThreadPoolExecutor] | None = None
+        self._store_dir = row_major_dir
+        self._store: RecordStore | None = None
+        self._rm_pool: tuple[int, ThreadPoolExecutor, ThreadPoolExecutor] | None = None
         self._owner_pid = os.getpid()
         if self._plan is not None:
             warmup.start(self._plan, schema, self._row_major != 0)
@@ -229,15 +237,16 @@ class ArrowSource:
         """Reserve budget for shard ``index``'s row-major records and build them (now for
         ``row_major=True``, in the background for ``"auto"``)."""
         assert self._plan is not None  # noqa: S101 - only called on the fast path
-        if self._row_major > 0 and os.getpid() != self._owner_pid:
-            return  # "auto" in a forked worker process: N workers would hold N copies
         with self._lock:
             if self._records is None:
+                self._store = self._open_store()
                 layout = rowmajor.RecordLayout.of(self._plan, batches)
                 if layout is None:
                     self._row_major = 0
                     return
                 self._records = rowmajor.RecordTable(layout, len(self.shard_rows))
+            if self._row_major > 0 and self._store is None and os.getpid() != self._owner_pid:
+                return  # "auto" in a forked worker: N workers would hold N private copies
             nbytes = int(data.starts[-1]) * self._records.layout.stride
             if nbytes == 0 or self._data.get(index) is not data \
                     or not self._rm_budget.reserve(nbytes):
@@ -246,12 +255,7 @@ class ArrowSource:
         if self._row_major < 0:
             self._build_row_major(index, data, batches)
             return
-        with self._lock:
-            if self._rm_pool is None or self._rm_pool[0] != os.getpid():  # none, or forked
-                self._rm_pool = (os.getpid(), ThreadPoolExecutor(
-                    1, thread_name_prefix="stoker-rowmajor"))
-            pool = self._rm_pool[1]
-        pool.submit(self._build_row_major, index, data, batches)
+        self._pools()[0].submit(self._build_row_major, index, data, batches)
 
     def _build_row_major(self, index: int, data: ShardData,
                          batches: list[pa.RecordBatch]) -> None:
@@ -262,7 +266,7 @@ class ArrowSource:
                 return
         try:
             misfits = table.layout.misfits(batches)
-            records = rowmajor.build(table.layout, self._plan, data, misfits)
+            records = self._records_of(index, data, misfits)
         except Exception as exc:  # noqa: BLE001 - the column path still serves this shard
             logger.warning("row-major copy of shard %d failed (%s: %s); its batches use the "
                            "column path", index, type(exc).__name__, exc)
@@ -270,15 +274,72 @@ class ArrowSource:
                 self._rm_budget.release(self._rm_bytes.pop(index, 0))
             return
         with self._lock:
-            if self._data.get(index) is data:
+            if records is None or self._data.get(index) is not data:
+                self._rm_budget.release(self._rm_bytes.pop(index, 0))
+            else:
                 table.add(index, records, misfits)
 
+    def _open_store(self) -> RecordStore | None:
+        if self._store_dir is None:
+            return None
+        try:
+            return RecordStore(self._store_dir)
+        except OSError as exc:
+            logger.warning("row-major records stay in memory: %s is not usable (%s)",
+                           self._store_dir, exc)
+            return None
+
+    def _records_of(self, index: int, data: ShardData, misfits: list[str]) -> np.ndarray | None:
+        """Shard ``index``'s records: mapped from the store, else built in memory (and, in the
+        process that owns this source, written to the store in the background). ``None`` in a
+        forked worker when the store has none (N workers would build N private copies)."""
+        layout = self._records.layout  # type: ignore[union-attr]
+        store = self._store
+        if store is None:
+            return rowmajor.build(layout, data, misfits)
+        rows = int(data.starts[-1])
+        name = store.name(self.manifest.shards[index].xxh3_128, rows, layout.key(misfits))
+        found = store.open(name, rows * layout.stride)
+        if found is not None:
+            return found.reshape(rows, layout.stride)
+        if self._row_major > 0 and os.getpid() != self._owner_pid:
+            return None
+        records = rowmajor.build(layout, data, misfits)
+        self._pools()[1].submit(self._persist, store, name, index, data, records)
+        return records
+
+    def _persist(self, store: RecordStore, name: str, index: int, data: ShardData,
+                 records: np.ndarray) -> None:
+        """Save in-memory records, then serve the file's mapping instead: page cache is
+        shared and reclaimable, and gathers from it measured no slower."""
+        try:
+            store.save(name, records)
+            mapped = store.open(name, records.nbytes)
+        except OSError as exc:  # full disk, permissions: this process has them in memory
+            logger.warning("row-major records of shard %d were not saved to %s: %s", index,
+                           store.root, exc)
+            return
+        with self._lock:
+            if mapped is not None and self._data.get(index) is data and index in self._records:
+                self._records.add(index, mapped.reshape(records.shape))  # type: ignore[union-attr]
+
+    def _pools(self) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
+        """(builder, writer) threads of this process (a forked child makes its own)."""
+        with self._lock:
+            if self._rm_pool is None or self._rm_pool[0] != os.getpid():
+                self._rm_pool = (os.getpid(),
+                                 ThreadPoolExecutor(1, thread_name_prefix="stoker-rowmajor"),
+                                 ThreadPoolExecutor(1, thread_name_prefix="stoker-rowmajor-save"))
+            return self._rm_pool[1], self._rm_pool[2]
+
     def wait_row_major(self) -> None:
-        """Block until every row-major copy started so far is built (tests, benchmarks)."""
+        """Block until every row-major copy started so far is built and saved (tests,
+        benchmarks)."""
         with self._lock:
             pool = self._rm_pool
         if pool is not None and pool[0] == os.getpid():
-            pool[1].submit(lambda: None).result()
+            pool[1].submit(lambda: None).result()  # builds first: they queue the writes
+            pool[2].submit(lambda: None).result()
 
     @property
     def row_major_bytes(self) -> int:
@@ -437,6 +498,7 @@ class ArrowSource:
             pool, self._rm_pool = self._rm_pool, None
         if pool is not None and pool[0] == os.getpid():
             pool[1].shutdown(wait=False, cancel_futures=True)
+            pool[2].shutdown(wait=False)  # a started write finishes (atomic either way)
         for _, handle in entries:
             handle.__exit__(None, None, None)
 

@@ -23,6 +23,7 @@ from stoker.loader.epoch_iter import BatchTask, EpochIterator
 from stoker.loader.errors import StateError
 from stoker.loader.images import ImageOptions
 from stoker.loader.order import OrderOptions
+from stoker.loader.record_store import default_dir
 from stoker.loader.schedule import BatchPlan
 from stoker.loader.seed import resolve_seed, resolve_world
 from stoker.loader.state import LoaderState
@@ -56,6 +57,9 @@ class DataLoader:
         ledger, ledger_ids: write a reproducibility ledger to this path.
         row_major: ``"auto"`` (default), ``True`` or ``False``: row-major copies of open shards'
             stacked columns for faster shuffled reads (see ``ArrowSource``; memory bounded).
+        row_major_dir: where those copies are kept as files shared by every process of the
+            node (``stoker.loader.record_store``); default ``$STOKER_ROW_MAJOR_DIR``, else
+            ``<cache_dir>/row-major``, else ``~/.cache/stoker/row-major``; ``False``: memory.
 
     ``batch_size`` is per rank, as in torch DDP: the global batch is ``batch_size * world_size``.
     """
@@ -99,6 +103,7 @@ class DataLoader:
         image: ImageOptions | None = None,
         cache_options: Mapping[str, Any] | None = None,
         row_major: bool | str = "auto",
+        row_major_dir: str | os.PathLike[str] | bool | None = None,
     ) -> None:
         check_torch_args(batch_size, shuffle, sampler, batch_sampler, drop_last, num_workers,
                           timeout, prefetch_factor, persistent_workers)
@@ -121,6 +126,9 @@ class DataLoader:
         self._image = image
         self._cache_options = cache_options
         self._row_major = row_major
+        self._row_major_dir = None if row_major_dir is False else \
+            default_dir(None if cache_dir is None else os.fspath(cache_dir)) \
+            if row_major_dir is None or row_major_dir is True else os.fspath(row_major_dir)
         # the fast path writes batches straight into page-locked buffers when they will be
         # copied to a GPU (see stoker.loader.transfer)
         wants_gpu = pin_memory or bool(pin_memory_device) or str(device or "").startswith("cuda")
@@ -196,6 +204,7 @@ class DataLoader:
             source = make(manifest, columns=columns, features=features, opener=opener,
                           max_open=max_open, categoricals=self._categoricals,
                           image=self._image, pin=self._pin_source, row_major=self._row_major,
+                          row_major_dir=self._row_major_dir,
                           ring_depth=max(8, self.num_workers * self.prefetch_factor + 3))
             self._collate = collate_fn
             return source

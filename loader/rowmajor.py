@@ -161,6 +161,7 @@ class Field:
     offset: int
     width: int
     dtype: np.dtype
+    columns: tuple[str, ...]  # the source columns, in output order
 
     @property
     def nbytes(self) -> int:
@@ -185,9 +186,15 @@ class RecordLayout:
             width = len(o.columns) if o.kind in ("matrix", "fixed") else \
                 _list_width(batches, o.name) if o.kind == "list" else 0
             if width and o.dtype is not None:
-                fields.append(Field(o.name, o.kind, offset, width, np.dtype(o.dtype)))
+                fields.append(Field(o.name, o.kind, offset, width, np.dtype(o.dtype), o.columns))
                 offset += (width * np.dtype(o.dtype).itemsize + 7) // 8 * 8
         return cls(fields) if fields else None
+
+    def key(self, skip: Sequence[str] = ()) -> str:
+        """Everything records' bytes depend on besides the shard (names their files)."""
+        parts = [f"{f.name}:{f.kind}:{f.offset}:{f.width}:{f.dtype.str}:{','.join(f.columns)}"
+                 for f in self.fields]
+        return ";".join(parts) + f"|stride={self.stride}|skip={','.join(sorted(skip))}"
 
     def misfits(self, batches: Sequence[pa.RecordBatch]) -> list[str]:
         """List outputs whose values in ``batches`` (a shard) do not all have this layout's
@@ -196,13 +203,14 @@ class RecordLayout:
                 if f.kind == "list" and _list_width(batches, f.name) != f.width]
 
 
-def build(layout: RecordLayout, plan: FastPlan, data: ShardData,
-          skip: Sequence[str] = ()) -> np.ndarray:
-    """The records of ``data``'s shard: uint8 ``[rows, layout.stride]``; fields in ``skip``
-    (the shard's :meth:`RecordLayout.misfits`) are left unwritten."""
+def build(layout: RecordLayout, data: ShardData, skip: Sequence[str] = (),
+          out: np.ndarray | None = None) -> np.ndarray:
+    """The records of ``data``'s shard: uint8 ``[rows, layout.stride]``, written into ``out``
+    (``rows * stride`` bytes) or new anonymous memory; fields in ``skip`` (the shard's
+    :meth:`RecordLayout.misfits`) are left unwritten."""
     rows = int(data.starts[-1])
-    rec = _allocate(rows, layout.stride, np.dtype(np.uint8))
-    columns = {o.name: o.columns for o in plan.outputs}
+    rec = _allocate(rows, layout.stride, np.dtype(np.uint8)) if out is None \
+        else out.reshape(rows, layout.stride)
     for f in layout.fields:
         view = rec[:, f.offset:f.offset + f.nbytes].view(f.dtype)
         if f.name in skip:
@@ -210,7 +218,7 @@ def build(layout: RecordLayout, plan: FastPlan, data: ShardData,
         if f.kind == "list":
             _copy_list(data.views, data.meta[f.name], data.starts, view)
         else:
-            k.copy_fixed(data.views, data.matrix_meta(columns[f.name]), data.starts, _TILE, view)
+            k.copy_fixed(data.views, data.matrix_meta(f.columns), data.starts, _TILE, view)
     return rec
 
 
@@ -309,18 +317,21 @@ class RecordTable:
             if misfits:
                 self._serving = self._describe([f for f in self._serving[0]
                                                 if f.name not in misfits])
+            if shard in self._records:  # replaced (e.g. by the same records, mapped from disk)
+                self._retire_locked(shard)
             self._records[shard] = records
             self.addrs[shard] = records.ctypes.data
 
     def remove(self, shard: int) -> None:
         with self._lock:
-            records = self._records.pop(shard, None)
-            if records is None:
-                return
-            self.addrs[shard] = 0
-            self._generation += 1
-            self._retired.append((self._generation, records))
-            self._collect_locked()
+            if shard in self._records:
+                self._retire_locked(shard)
+                self.addrs[shard] = 0
+
+    def _retire_locked(self, shard: int) -> None:
+        self._generation += 1
+        self._retired.append((self._generation, self._records.pop(shard)))
+        self._collect_locked()
 
     def __contains__(self, shard: int) -> bool:
         return shard in self._records

@@ -95,7 +95,7 @@ def _run(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
             layout = rowmajor.RecordLayout.of(plan, batches) if row_major else None
             if layout is not None:
                 table = rowmajor.RecordTable(layout, 1)
-                table.add(0, rowmajor.build(layout, plan, data, layout.misfits(batches)))
+                table.add(0, rowmajor.build(layout, data, layout.misfits(batches)))
                 table.gather(one, np.array([0, 2], dtype=np.int64), slot)
         finally:
             ring.release(slot)

@@ -1,0 +1,21 @@
+"""Suite-wide settings: row-major record files go to a per-run temporary directory.
+
+Without this, every DataLoader a test builds would keep its records under the user's
+``~/.cache/stoker/row-major`` (the default, see stoker.loader.record_store); tests that check
+the store itself pass their own directory.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+
+_RECORDS = tempfile.mkdtemp(prefix="stoker-test-row-major-")
+os.environ["STOKER_ROW_MAJOR_DIR"] = _RECORDS  # subprocesses started by tests inherit it
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _row_major_dir() -> str:
+    return _RECORDS

@@ -1,0 +1,213 @@
+"""Row-major records on disk (stoker.loader.record_store): built once, mapped by later
+processes, verified, bounded, and never able to change a batch."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importlib mode)
+
+from fastpath_helpers import write_dataset  # noqa: E402
+
+from stoker.loader import DataLoader  # noqa: E402
+from stoker.loader.arrow_source import ArrowSource  # noqa: E402
+from stoker.loader.record_store import RecordStore, default_dir  # noqa: E402
+from stoker.manifest import Manifest  # noqa: E402
+
+FEATS, CATS = ["f0", "f1"], ["c0"]
+
+
+def _table(n: int, start: int, seed: int) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    return pa.table({
+        "id": pa.array(np.arange(start, start + n)),
+        "f0": pa.array(rng.standard_normal(n).astype(np.float32), mask=rng.random(n) < 0.1),
+        "f1": pa.array(rng.integers(-50, 50, n).astype(np.int16)),
+        "c0": pa.array(rng.integers(0, 9, n).astype(np.int32)),
+        "seq": pa.array([rng.standard_normal(3).astype(np.float32).tolist() for _ in range(n)],
+                        pa.list_(pa.float32())),
+    })
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Manifest:
+    tables = [_table(n, start, s) for s, (n, start) in enumerate([(60, 0), (45, 60), (30, 105)])]
+    return write_dataset(tmp_path_factory.mktemp("records"), tables, batch_rows=8)
+
+
+def _bytes(batch: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.dtype, tuple(v.shape), v.numpy().tobytes()) if isinstance(v, torch.Tensor)
+            else v for k, v in batch.items()}
+
+
+def _source(m: Manifest, where: Path | None, **kwargs: Any) -> ArrowSource:
+    return ArrowSource(m, features=FEATS, categoricals=CATS, row_major="auto",
+                       row_major_dir=None if where is None else str(where), **kwargs)
+
+
+def _columns(m: Manifest) -> ArrowSource:
+    return ArrowSource(m, features=FEATS, categoricals=CATS, row_major=False)
+
+
+def _served(src: ArrowSource, ids: np.ndarray) -> dict[str, Any]:
+    src.fetch(ids)  # opens the shards; their records are built or mapped in the background
+    src.wait_row_major()
+    return _bytes(src.fetch(ids))
+
+
+def _files(where: Path) -> list[Path]:
+    return sorted(where.glob("*.rec"))
+
+
+def _file_backed(records: np.ndarray) -> bool:
+    return not records.flags.writeable  # mapped read-only from the store
+
+
+IDS = np.random.default_rng(0).permutation(135)
+
+
+def test_second_process_maps_the_records_the_first_saved(dataset: Manifest,
+                                                         tmp_path: Path) -> None:
+    expected = _bytes(_columns(dataset).fetch(IDS))
+    first = _source(dataset, tmp_path)
+    assert _served(first, IDS) == expected
+    assert len(_files(tmp_path)) == 3  # one file per shard
+    # the owner switched to the saved files (shared page cache instead of private memory)
+    assert all(_file_backed(r) for r in first._records._records.values())
+    stamps = [f.stat().st_mtime_ns for f in _files(tmp_path)]
+    second = _source(dataset, tmp_path)
+    assert _served(second, IDS) == expected
+    assert sorted(second._records._records) == [0, 1, 2]
+    assert all(_file_backed(r) for r in second._records._records.values())
+    assert [f.stat().st_mtime_ns >= t for f, t in zip(_files(tmp_path), stamps)] == [True] * 3
+    assert len(_files(tmp_path)) == 3  # mapped, not written again
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_damaged_files_are_rebuilt_never_served(dataset: Manifest, tmp_path: Path,
+                                                damage: str) -> None:
+    expected = _served(_source(dataset, tmp_path), IDS)
+    victim = _files(tmp_path)[0]
+    raw = bytearray(victim.read_bytes())
+    if damage == "flip":
+        raw[len(raw) // 2] ^= 0x40
+    else:
+        raw = raw[:-5]
+    victim.write_bytes(bytes(raw))
+    again = _source(dataset, tmp_path)
+    assert _served(again, IDS) == expected
+    assert len(_files(tmp_path)) == 3
+    store = RecordStore(str(tmp_path))
+    for f in _files(tmp_path):  # every file verifies again (the damaged one was rewritten)
+        assert store.open(f.name, f.stat().st_size - 16) is not None
+
+
+def test_a_different_layout_gets_different_files(dataset: Manifest, tmp_path: Path) -> None:
+    _served(_source(dataset, tmp_path), IDS)
+    other = ArrowSource(dataset, features=["f1", "f0"], categoricals=CATS, row_major="auto",
+                        row_major_dir=str(tmp_path))
+    ref = ArrowSource(dataset, features=["f1", "f0"], categoricals=CATS, row_major=False)
+    assert _served(other, IDS) == _bytes(ref.fetch(IDS))
+    assert len(_files(tmp_path)) == 6
+
+
+def test_the_directory_is_bounded_least_recently_used_first(dataset: Manifest,
+                                                            tmp_path: Path) -> None:
+    _served(_source(dataset, tmp_path), IDS)
+    sizes = {f.name: f.stat().st_size for f in _files(tmp_path)}
+    oldest = min(_files(tmp_path), key=lambda f: f.stat().st_mtime_ns)
+    os.utime(oldest, (1, 1))
+    store = RecordStore(str(tmp_path), limit=sum(sizes.values()))
+    assert store.save("new.rec", np.zeros(10, dtype=np.uint8))
+    assert not oldest.exists() and len(_files(tmp_path)) == 3
+    assert store.open("new.rec", 10) is not None
+    assert not store.save("new.rec", np.ones(10, dtype=np.uint8))  # exists: kept
+
+
+def test_an_unusable_directory_falls_back_to_memory(dataset: Manifest, tmp_path: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with caplog.at_level(logging.WARNING):
+        src = _source(dataset, blocker / "records")
+        got = _served(src, IDS)
+    assert "stay in memory" in caplog.text
+    assert got == _bytes(_columns(dataset).fetch(IDS))
+    assert len(src._records) == 3 and not any(_file_backed(r) for r in
+                                                src._records._records.values())
+
+
+def test_forked_workers_map_saved_records_and_build_none(dataset: Manifest,
+                                                         tmp_path: Path) -> None:
+    worker = _source(dataset, tmp_path)
+    worker._owner_pid = -1  # as in a worker process forked after construction
+    _served(worker, IDS)
+    assert len(worker._records) == 0 and _files(tmp_path) == []
+    _served(_source(dataset, tmp_path), IDS)  # the owner builds and saves them
+    worker = _source(dataset, tmp_path)
+    worker._owner_pid = -1
+    _served(worker, IDS)
+    assert len(worker._records) == 3
+
+
+def test_default_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("STOKER_ROW_MAJOR_DIR", str(tmp_path / "x"))
+    assert default_dir("/cache") == str(tmp_path / "x")
+    monkeypatch.setenv("STOKER_ROW_MAJOR_DIR", "")
+    assert default_dir("/cache") is None
+    monkeypatch.delenv("STOKER_ROW_MAJOR_DIR")
+    assert default_dir("/cache") == os.path.join("/cache", "row-major")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_dir(None) == str(tmp_path / "stoker" / "row-major")
+
+
+def test_dataloader_passes_the_directory(dataset: Manifest, tmp_path: Path) -> None:
+    def epoch(where: Any) -> list[dict[str, Any]]:
+        loader = DataLoader(dataset, batch_size=16, shuffle=True, seed=5, features=FEATS,
+                            categoricals=CATS, row_major_dir=where)
+        return [_bytes(b) for b in loader]
+
+    assert epoch(tmp_path) == epoch(False) == epoch(tmp_path)
+    loader = DataLoader(dataset, batch_size=16, features=FEATS, row_major_dir=False)
+    assert loader._source._store_dir is None
+
+
+SCRIPT = """
+import sys
+import numpy as np
+from stoker.loader import DataLoader
+loader = DataLoader(sys.argv[1], batch_size=32, shuffle=True, seed=1, features=["f0", "f1"],
+                    categoricals=["c0"], row_major_dir=sys.argv[2], worker_mode="process",
+                    num_workers=2)
+out = [b["features"].numpy().tobytes() + b["id"].numpy().tobytes() for e in range(2)
+       for b in loader]
+print(len(out), hash(b"".join(out)))
+"""
+
+
+def test_process_workers_share_the_files(dataset: Manifest, tmp_path: Path) -> None:
+    script = tmp_path / "run.py"
+    script.write_text(SCRIPT)
+    where = tmp_path / "records"
+
+    def run() -> str:
+        out = subprocess.run([sys.executable, str(script), str(dataset.root), str(where)],
+                             capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "PYTHONHASHSEED": "0"})
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout
+
+    cold = run()  # workers build nothing: no files yet, no private copies
+    assert _files(where) == []
+    _served(_source(dataset, where), IDS)
+    assert run() == cold  # now both workers map the same files: same batches
