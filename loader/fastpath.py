@@ -18,6 +18,7 @@ in :mod:`stoker.loader.kernels` (numbers -> 0, lists -> empty).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -114,14 +115,22 @@ class _Locator:
         return pa.py_buffer(out)
 
 
+@functools.lru_cache(maxsize=None)
+def _fixed_layout(t: pa.DataType) -> tuple[int, int, bool]:
+    """(type code, value byte width, is dictionary) of a fixed-width column type."""
+    code = physical_code(t)
+    dictionary = pa.types.is_dictionary(t)
+    value = t.index_type if dictionary else t
+    return code, 1 if code == k.BOOL else value.bit_width // 8, dictionary  # type: ignore[return-value]
+
+
 def _fixed_meta(arr: pa.Array, loc: _Locator) -> list[int]:
-    code = physical_code(arr.type)
-    if pa.types.is_dictionary(arr.type):
+    code, width, dictionary = _fixed_layout(arr.type)
+    if dictionary:
         arr = arr.indices
     bufs = arr.buffers()
-    width = 1 if code == k.BOOL else arr.type.bit_width // 8
     valid = loc.offset(bufs[0], 1) if arr.null_count else -1
-    return [code, valid, loc.offset(bufs[1], width), arr.offset]  # type: ignore[list-item]
+    return [code, valid, loc.offset(bufs[1], width), arr.offset]
 
 
 def _var_meta(arr: pa.Array, loc: _Locator) -> list[int]:

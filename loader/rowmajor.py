@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from stoker.loader import kernels as k
 from stoker.loader.intrinsics import pointer, prefetch
@@ -108,11 +107,14 @@ def _list_width(batches: Sequence[pa.RecordBatch], name: str) -> int:
             if arr.null_count:
                 return 0
             continue
-        lengths = pc.list_value_length(arr)
-        lo, hi = pc.min_max(lengths).values()
-        if lo.as_py() != hi.as_py() or (width >= 0 and lo.as_py() != width):
+        # list or large_list offsets: the lengths are their differences
+        dtype = np.int64 if pa.types.is_large_list(arr.type) else np.int32
+        offsets = np.frombuffer(arr.buffers()[1], dtype=dtype)[arr.offset:arr.offset + len(arr) + 1]
+        lengths = np.diff(offsets)
+        lo, hi = int(lengths.min()), int(lengths.max())
+        if lo != hi or (width >= 0 and lo != width):
             return 0
-        width = int(lo.as_py())
+        width = lo
     return max(width, 0)
 
 

@@ -79,24 +79,30 @@ def _tiny_shard(schema: pa.Schema, columns: list[str]) -> tuple[list[pa.RecordBa
 
 
 def _run(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
+    """Load the kernels in the order a first batch needs them: the order's, the records
+    gather (records already on disk are mapped when a shard opens), the column kernels, then
+    the kernels that build records."""
     from stoker.loader import rowmajor
     from stoker.loader.fastpath import ShardData
+    from stoker.loader.order import EpochOrder, OrderOptions
     from stoker.loader.ring import BufferRing
 
     try:
+        EpochOrder(np.array([64, 64], dtype=np.int64), "0" * 32, 0, 0, OrderOptions()).ids(0, 4)
         batches, arena = _tiny_shard(schema, plan.kernel_columns)
         data = ShardData(batches, arena, plan.kernel_columns)
         ring = BufferRing(1, False)
         one = np.zeros(1, dtype=np.int64)
-        groups = [(data, one, one, one)]
         slot = ring.acquire()
         try:
-            plan.run(groups, 1, slot, lambda cols: {c: None for c in cols})
             layout = rowmajor.RecordLayout.of(plan, batches) if row_major else None
             if layout is not None:
                 table = rowmajor.RecordTable(layout, 1)
-                table.add(0, rowmajor.build(layout, data, layout.misfits(batches)))
+                table.add(0, np.zeros((2, layout.stride), dtype=np.uint8))
                 table.gather(one, np.array([0, 2], dtype=np.int64), slot)
+            plan.run([(data, one, one, one)], 1, slot, lambda cols: {c: None for c in cols})
+            if layout is not None:
+                rowmajor.build(layout, data, layout.misfits(batches))
         finally:
             ring.release(slot)
     except Exception as exc:  # noqa: BLE001 - only a head start; the first batch loads them
