@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import BatchSampler, IterableDataset, Sampler
 from torch.utils.data._utils.collate import default_collate, default_convert
 
+from stoker.loader import warmup
 from stoker.loader.args import check_local_shards, check_torch_args, is_remote
 from stoker.loader.arrow_source import ArrowSource
 from stoker.loader.epoch_iter import BatchTask, EpochIterator
@@ -350,3 +351,6 @@ class DataLoader:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+
+warmup.prime()  # Numba's one-time start-up runs while the caller builds its model

@@ -14,10 +14,11 @@ its first kernel call, so an at-fork hook waits for the warm-up before any ``for
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +26,7 @@ import pyarrow as pa
 if TYPE_CHECKING:
     from stoker.loader.fastpath import FastPlan
 
-__all__ = ["start", "wait"]
+__all__ = ["prime", "start", "wait"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ def wait() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=wait)
+atexit.register(wait)  # a thread stopped inside Numba at interpreter exit can crash it
 
 
 def _zero(t: pa.DataType) -> pa.Array:
@@ -84,11 +86,10 @@ def _run(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
     the kernels that build records."""
     from stoker.loader import rowmajor
     from stoker.loader.fastpath import ShardData
-    from stoker.loader.order import EpochOrder, OrderOptions
     from stoker.loader.ring import BufferRing
 
+    _order()
     try:
-        EpochOrder(np.array([64, 64], dtype=np.int64), "0" * 32, 0, 0, OrderOptions()).ids(0, 4)
         batches, arena = _tiny_shard(schema, plan.kernel_columns)
         data = ShardData(batches, arena, plan.kernel_columns)
         ring = BufferRing(1, False)
@@ -114,11 +115,31 @@ def start(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
     if plan.image is not None:  # decoding needs real images; not worth a fake one
         return
     key = (*plan.kernel_columns, *(o.name for o in plan.outputs), str(row_major))
+    _spawn(key, _run, (plan, schema, row_major))
+
+
+def _order() -> None:
+    from stoker.loader.order import EpochOrder, OrderOptions
+
+    try:
+        EpochOrder(np.array([64, 64], dtype=np.int64), "0" * 32, 0, 0, OrderOptions()).ids(0, 4)
+    except Exception as exc:  # noqa: BLE001 - only a head start
+        logger.debug("order warm-up skipped: %s: %s", type(exc).__name__, exc)
+
+
+def prime() -> None:
+    """Start Numba's one-time runtime initialisation (~0.2 s of imports and type registries,
+    the bulk of a fresh process's first batch) and load the order's kernels, in a daemon
+    thread, once per process. Called when :mod:`stoker.loader.dataloader` is imported, so a
+    script that imports stoker and then builds its model finds it done."""
+    _spawn(("order",), _order, ())
+
+
+def _spawn(key: tuple[str, ...], target: Callable[..., None], args: tuple[Any, ...]) -> None:
     with _lock:
         if key in _done:
             return
         _done.add(key)
-        thread = threading.Thread(target=_run, args=(plan, schema, row_major),
-                                  name="stoker-warmup", daemon=True)
+        thread = threading.Thread(target=target, args=args, name="stoker-warmup", daemon=True)
         _threads[:] = [t for t in _threads if t.is_alive()] + [thread]
     thread.start()
