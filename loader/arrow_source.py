@@ -57,16 +57,18 @@ class ArrowSource:
         ring_depth: batch buffers kept for reuse by the fast path (see stoker.loader.ring).
         pin: allocate those buffers in page-locked memory (needs CUDA).
         image: decode (and augment) this binary column into ``[B, H, W, 3]`` images.
-        row_major: keep a row-major copy of each open shard's ``features`` /
-            ``categoricals`` (and of list columns whose values all have one length and no
-            nulls), so a shuffled row is a few contiguous cache lines instead of one miss per
+        row_major: keep each open shard's fixed-width outputs (``features``,
+            ``categoricals``, fixed-width columns, and list columns whose values all have one
+            length and no nulls) as one row-major *record* per row, so a shuffled batch is one
+            fused gather of a few contiguous cache lines per row instead of one miss per
             column (see stoker.loader.rowmajor; batches are bitwise equal either way).
-            ``"auto"``: copies are built in a background thread when a shard opens (batches
-            use the column path until then) while all copies fit ``min(2 GiB, physical
-            memory / 4)``; ``True``: built when the shard opens, no memory limit; ``False``:
-            never. Costs ``rows x (4 K + 8 C + itemsize x L)`` bytes per open shard. Forked
-            worker processes (``worker_mode="process"``) build no in-memory copies under
-            ``"auto"``: each would hold its own.
+            ``"auto"``: records are mapped from ``row_major_dir`` when a shard opens, else
+            built in a background thread (batches use the column path until then), while
+            all records fit ``min(2 GiB, physical memory / 4)``; ``True``: built when the
+            shard opens, no limit; ``False``: never. Costs ``rows x stride`` bytes per open
+            shard (stride: the outputs' bytes per row, each rounded up to 8). Forked worker
+            processes (``worker_mode="process"``) build none under ``"auto"`` (each would
+            hold its own) but map the stored ones.
         row_major_dir: keep the records in files there (:mod:`stoker.loader.record_store`):
             built once per node, mapped by every later process (page cache, shared, not
             private memory); ``None``: in memory only. A directory that cannot be used is

@@ -56,10 +56,11 @@ class DataLoader:
         cache_options: further ``ShardCache`` keyword arguments (``retry=RetryPolicy(...)``,
             ``inflight_allowance``, ``prefetch_workers``, ...).
         ledger, ledger_ids: write a reproducibility ledger to this path.
-        row_major: ``"auto"`` (default), ``True`` or ``False``: row-major copies of open shards'
-            stacked columns for faster shuffled reads (see ``ArrowSource``; memory bounded).
-        row_major_dir: where those copies are kept as files shared by every process of the
-            node (``stoker.loader.record_store``); default ``$STOKER_ROW_MAJOR_DIR``, else
+        row_major: ``"auto"`` (default), ``True`` or ``False``: row-major records of open
+            shards' fixed-width outputs for fast shuffled reads (see ``ArrowSource``; bounded).
+        row_major_dir: where records are kept as files, built once per node and mapped by
+            every later process (``stoker.loader.record_store``; verified, size-bounded);
+            default ``$STOKER_ROW_MAJOR_DIR`` (empty: memory only), else
             ``<cache_dir>/row-major``, else ``~/.cache/stoker/row-major``; ``False``: memory.
 
     ``batch_size`` is per rank, as in torch DDP: the global batch is ``batch_size * world_size``.
