@@ -1,8 +1,14 @@
-"""Start-up repair: remove what a crash left in a cache directory, keep what is vouched for.
+"""Judging committed shard files: start-up repair, the re-hash on open, quarantine.
 
+Start-up repair removes what a crash left in a cache directory and keeps what is vouched for.
 Every check runs under the shard's lock, tried without waiting: a file whose lock another
 process holds is being written or read right now and is left alone; a file whose lock is free
 is judged. A crashed writer's lock is free (the kernel released it), so its leftovers go.
+
+A sidecar vouches for a file by size and mtime only, which bit rot (or a tool that rewrites a
+file and restores its mtime) leaves unchanged; so :func:`content_problem` re-hashes a file
+whenever the cache hands it out again, and a file that fails either check goes the same way,
+:func:`quarantine_committed`.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from stoker.cache.sidecar import Sidecar
 from stoker.cache.stats import _Counters
 from stoker.manifest import Manifest, hash_file
 
-__all__ = ["repair", "vouched"]
+__all__ = ["content_problem", "quarantine_committed", "repair", "vouched"]
 
 log = logging.getLogger("stoker.cache")
 
@@ -33,6 +39,30 @@ def vouched(layout: Layout, manifest: Manifest, i: int) -> os.stat_result | None
     side = Sidecar.read(layout.sidecar(i))
     if side is not None and side.matches(manifest.shards[i].xxh3_128, st):
         return st
+    return None
+
+
+def content_problem(layout: Layout, manifest: Manifest, i: int) -> str | None:
+    """Re-hash shard ``i``'s committed file: None if it still has the verified bytes.
+
+    The expected hash is the manifest's (an uncompressed shard is stored as downloaded), or,
+    for a materialised zstd shard, the local hash its sidecar recorded at commit (after the
+    sidecar itself is checked against the manifest). Otherwise returns what is wrong.
+    """
+    shard = manifest.shards[i]
+    expected, whose = shard.xxh3_128, "the manifest"
+    if manifest.compression == "zstd":
+        side = Sidecar.read(layout.sidecar(i))
+        if side is None or side.source_xxh3_128 != shard.xxh3_128:
+            return "has no sidecar for the manifest's hash"
+        expected, whose = side.local_xxh3_128, "its sidecar"
+    try:
+        digest = hash_file(layout.data(i))[0]
+    except OSError as exc:  # e.g. EIO from a failing disk: as bad as wrong bytes
+        return f"could not be read ({type(exc).__name__}: {exc})"
+    if digest != expected:
+        return (f"has xxh3-128 {digest} where {whose} says {expected} (its bytes changed on "
+                "disk: bit rot, or a rewrite that kept the size and mtime)")
     return None
 
 
@@ -56,11 +86,12 @@ def repair(layout: Layout, manifest: Manifest, counters: _Counters) -> None:
             if free and vouched(layout, manifest, idx) is None:
                 verdict = _readopt(layout, manifest, idx)
                 if verdict == "corrupt":  # the right size, the wrong bytes: bit rot, a bad copy
-                    _quarantine(layout, idx, entry.path, counters)
+                    if quarantine_committed(layout, idx, "fails verification at start-up",
+                                            counters):
+                        counters.add("repaired")
                 elif verdict != "kept":
                     _remove(entry.path, "unverified shard file", counters)
-                with contextlib.suppress(FileNotFoundError):
-                    if verdict != "kept":
+                    with contextlib.suppress(FileNotFoundError):
                         os.unlink(layout.sidecar(idx))
     for entry in os.scandir(layout.meta):
         writing = Layout.meta_temp_index(entry.name)
@@ -100,14 +131,27 @@ def _readopt(layout: Layout, manifest: Manifest, i: int) -> str:
     return "kept"
 
 
-def _quarantine(layout: Layout, i: int, path: str, counters: _Counters) -> None:
-    """Set a corrupt committed file aside (quarantined copies are the first to be evicted)."""
-    log.warning("cache repair: shard %d's cached copy %s fails verification; quarantined, it "
-                "will be fetched again", i, path)
-    with contextlib.suppress(FileNotFoundError):
+def quarantine_committed(layout: Layout, i: int, why: str, counters: _Counters) -> bool:
+    """Set shard ``i``'s corrupt committed file aside and drop its sidecar.
+
+    The one path for a committed file that fails verification, whether start-up repair or
+    the re-hash on open (:class:`~stoker.cache.ShardCache`) found it: the file is renamed
+    into ``quarantine/`` (still counted by the budget, first to be evicted, kept for
+    inspection), so the shard is absent and its next request fetches it again. The caller
+    holds the shard's lock exclusive. Returns False if the file was already gone.
+    """
+    path = layout.data(i)
+    log.warning("shard %d's cached copy %s %s; quarantined, it will be fetched again",
+                i, path, why)
+    try:
         os.replace(path, layout.quarantined(i))
-        counters.add("quarantines")
-        counters.add("repaired")
+    except FileNotFoundError:
+        return False
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(layout.sidecar(i))
+    counters.add("quarantines")
+    return True
 
 
 @contextlib.contextmanager

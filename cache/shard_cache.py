@@ -15,6 +15,13 @@ through the file system:
   :meth:`ShardCache.set_future`) is furthest away goes first; shards never needed again go
   before any others. Prefetching ahead of need only ever evicts shards needed *later* than
   the one it fetches, so it never makes the optimal schedule worse.
+* Verified twice over: a download is hashed (xxh3-128) against the manifest before it is
+  committed, and a committed file is re-hashed every time it is handed out again (a pin that
+  finds it on disk; nested pins of a shard this process already pins share the first one's
+  check). Sidecars vouch by size and mtime only, which bit rot keeps; the re-hash costs about
+  one read of the file from page cache. Only the first pin after this process itself verified
+  the file in full (downloaded it, or re-hashed it for another pin) skips it. A file that
+  fails is quarantined and fetched again, exactly like a corrupt download.
 * Prefetch threads download in parallel but are admitted one at a time, in the order the
   shards are needed: a thread claims the next shard, takes its room and reserves its
   in-flight bytes before the next thread may claim. So a later shard never takes the room an
@@ -47,7 +54,7 @@ from stoker.cache.layout import Layout
 from stoker.cache.lock import FileLock
 from stoker.cache.materialise import materialise
 from stoker.cache.redact import Scrubber
-from stoker.cache.repair import repair, vouched
+from stoker.cache.repair import content_problem, quarantine_committed, repair, vouched
 from stoker.cache.retry import RetryPolicy
 from stoker.cache.sidecar import Sidecar
 from stoker.cache.size import parse_size
@@ -136,6 +143,10 @@ class ShardCache:
         self._pin_locks: dict[int, FileLock] = {}
         self._shard_mutexes: dict[int, threading.Lock] = {}
         self._trusted: dict[int, tuple[int, int, int]] = {}
+        # (inode, size, mtime) of files this process verified in full (downloaded, or
+        # re-hashed under the exclusive lock) and has not handed out since: the next pin
+        # skips the re-hash once (see _intact).
+        self._fresh: dict[int, tuple[int, int, int]] = {}
         self._future: FutureIndex | None = None
         self._claimed: set[int] = set()
         # Held by one prefetch thread from its claim until its bytes are reserved (module doc).
@@ -323,18 +334,47 @@ class ShardCache:
             self._future.advance(i, window=4 * self._prefetch_ahead + 64)
 
     def _lock_present(self, i: int, lock: FileLock) -> bool:
-        """Hold ``lock`` shared with shard ``i`` complete on disk; True if it already was."""
+        """Hold ``lock`` shared with shard ``i`` complete and intact on disk; True if it was.
+
+        A file already on disk is re-hashed before it is handed out (:meth:`_intact`); one
+        that fails takes the corrupt-shard path: quarantined under the exclusive lock, then
+        fetched again (a second verification failure is a ``ShardIntegrityError``).
+        """
         hit = lock.acquire(shared=True, timeout=0)
         if not hit:
             self._wait(lock, shared=True)
-        while not self._is_present(i):
+        while not (self._is_present(i) and self._intact(i)):
             hit = False
             lock.release()
             self._wait(lock, shared=False)
-            if not self._is_present(i):
+            # Re-judged under the exclusive lock: another process may have repaired it.
+            if not (self._is_present(i) and self._intact(i, repair=True)):
                 self._fetch_locked(i, prefetch=False)
             self._wait(lock, shared=True)  # exclusive -> shared; not atomic, so re-check
         return hit
+
+    def _intact(self, i: int, *, repair: bool = False) -> bool:
+        """True if shard ``i``'s committed file still has the bytes that were verified.
+
+        Re-hashes the file unless this process verified this very file (same inode, size
+        and mtime) in full and has not handed it out since. With ``repair`` (the shard's lock
+        held exclusive) a file that fails is quarantined, so the caller fetches it again.
+        """
+        key = _stat_key(self._layout.data(i))
+        if key is None:
+            return False
+        if self._fresh.pop(i, None) == key:
+            return True
+        problem = content_problem(self._layout, self._manifest, i)
+        if problem is None:
+            if repair:  # the shared re-check that follows need not hash it again
+                self._fresh[i] = key
+            return True
+        if repair:
+            self._trusted.pop(i, None)
+            with self._budget.locked():  # a rename between budget pools, seen by no scan half-way
+                quarantine_committed(self._layout, i, problem, self._counters)
+        return False
 
     def _wait(self, lock: FileLock, *, shared: bool) -> None:
         while not lock.acquire(shared=shared, timeout=0.25):
@@ -476,6 +516,7 @@ class ShardCache:
             Sidecar(self._manifest.shards[i].xxh3_128, self._manifest.shards[i].bytes,
                     local_hash, st.st_size, st.st_mtime_ns, self._zstd).write(
                         self._layout.sidecar(i))
+            self._fresh[i] = (st.st_ino, st.st_size, st.st_mtime_ns)  # hashed as it came in
 
         return self._budget.with_room(i, size, prefetch, install)
 
@@ -603,6 +644,15 @@ def _make_fetcher(root: str, storage_options: Mapping[str, Any] | None,
     if scheme in ("", "file"):
         return LocalFetcher()
     return FsspecFetcher(storage_options)
+
+
+def _stat_key(path: str) -> tuple[int, int, int] | None:
+    """(inode, size, mtime) of ``path``, or None if it does not exist."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _human(n: int) -> str:

@@ -3,6 +3,8 @@
 A shard file is trusted when its sidecar names the manifest's xxh3-128 for that shard and the
 file still has the size and mtime recorded at commit. Any difference (a crash mid-commit, a
 truncated or rewritten file) makes it untrusted; start-up repair then re-hashes or removes it.
+Size and mtime cannot see bytes that changed in place (bit rot, a rewrite that restored the
+mtime), so the cache also re-hashes a file each time it hands it out (``repair.content_problem``).
 """
 
 from __future__ import annotations

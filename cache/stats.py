@@ -21,7 +21,8 @@ class CacheStats:
         evictions: shards this process deleted to stay within the byte budget.
         retries: failed requests that were retried.
         restarts: downloads restarted from byte 0 (server ignored Range, object changed).
-        quarantines: downloaded or cached files that failed verification and were set aside.
+        quarantines: downloaded or cached files that failed verification and were set aside
+            (a download, start-up repair, or the re-hash of a cached file on open).
         repaired: files removed at start-up because a crash had left them dirty.
     """
 
