@@ -9,6 +9,7 @@ shard again (once) and served the origin's bytes.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,25 @@ def test_loader_serves_the_origin_bytes_after_bit_rot(dataset, fault_server, tmp
         again.close()
     assert (s.quarantines, s.fetches, s.misses) == (0, 0, 0)
     assert [_gets(fault_server, manifest, i) for i in range(3)] == [1, 1, 2]
+
+
+def test_rotten_shard_pinned_elsewhere_is_replaced_once_the_pin_is_released(
+        dataset, fault_server, tmp_path) -> None:
+    # Two cache objects on one directory hold separate flocks, exactly like two processes.
+    _, manifest = _serve(dataset, fault_server, n_shards=2)
+    origin = fault_server.get(f"ds/{manifest.shards[1].path}")
+    with ShardCache(manifest, tmp_path / "c", retry=FAST, prefetch_workers=0) as a, \
+            ShardCache(manifest, tmp_path / "c", retry=FAST, prefetch_workers=0) as b:
+        served: list[bytes] = []
+        with a.pin(1) as held:
+            _rot(Path(held), len(origin) // 2)
+            reader = threading.Thread(target=lambda: served.append(Path(b.path(1)).read_bytes()))
+            reader.start()
+            reader.join(0.5)
+            # b saw the rot but may not move a file another reader holds: it waits.
+            assert reader.is_alive() and served == []
+            assert _gets(fault_server, manifest, 1) == 1
+        reader.join(10)
+        assert served == [origin]
+        assert _gets(fault_server, manifest, 1) == 2
+        assert (b.stats().quarantines, b.stats().fetches) == (1, 1)
