@@ -30,6 +30,7 @@ import numpy as np
 import xxhash
 
 from stoker.loader import feistel as _k
+from stoker.loader import warmup
 from stoker.manifest import StokerError, canonical_json
 
 __all__ = ["ORDER_ALGORITHM", "EpochOrder", "OrderError", "OrderOptions", "derive_seed", "locate"]
@@ -282,6 +283,9 @@ class EpochOrder:
             return np.arange(start, stop, step, dtype=np.int64)
         if stop <= start:
             return np.empty(0, dtype=np.int64)
+        if not _k.order_range.signatures and warmup.first_call("order"):  # a fresh process
+            return _k.order_at_np(np.arange(start, stop, step, dtype=np.int64),
+                                  *self._kernel_args())
         return _k.order_range(np.int64(start), np.int64(stop), np.int64(step),
                               *self._kernel_args())
 

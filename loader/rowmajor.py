@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from stoker.loader import kernels as k
+from stoker.loader import warmup
 from stoker.loader.intrinsics import pointer, prefetch
 from stoker.loader.jit import kernel
 
@@ -362,9 +363,11 @@ class RecordTable:
                     del self._readers[generation]
                 self._collect_locked()
 
-    def gather(self, ids: np.ndarray, starts: np.ndarray,
-               slot: Slot) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-        """Fill the record-served outputs of the batch ``ids`` into ``slot``.
+    def gather(self, ids: np.ndarray, starts: np.ndarray, slot: Slot,
+               kernel: bool = False) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """Fill the record-served outputs of the batch ``ids`` into ``slot`` (with NumPy while
+        the kernel is still being loaded by a warm-up thread on a process's first batch, unless
+        ``kernel``).
 
         Returns ``(outputs, missing, touched)``: output name -> array (rows in ``missing``,
         batch positions whose shard has no records, are left for the column path) and the
@@ -376,8 +379,27 @@ class RecordTable:
                 return {}, np.arange(n, dtype=np.int64), np.empty(0, dtype=np.int64)
             arrays = {f.name: slot.array(f.name, (n, f.width), f.dtype) for f in fields}
             outs = tuple(arrays[f.name].view(np.uint8) for f in fields)
+            if not (kernel or _gather.signatures) and warmup.first_call("gather"):
+                missing_, touched_ = self._gather_numpy(ids, starts, fields, outs)
+                return arrays, missing_, touched_
             missing = np.empty(n, dtype=np.int64)
             touched = np.empty(n, dtype=np.int64)
             m, t = _gather(ids, starts, self.addrs, self.layout.stride, offsets, sizes, outs,
                            missing, self._marks, stamp, touched)
         return arrays, missing[:m], touched[:t]
+
+    def _gather_numpy(self, ids: np.ndarray, starts: np.ndarray, fields: Sequence[Field],
+                      outs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`_gather` with NumPy fancy indexing (~1 ms per W1 batch): what the first
+        batches of a fresh process use while Numba starts up."""
+        with self._lock:
+            records = dict(self._records)
+        shard = np.searchsorted(starts, ids, side="right") - 1
+        held = np.isin(shard, np.fromiter(records, dtype=np.int64, count=len(records)))
+        touched = np.unique(shard[held])
+        for s in touched.tolist():
+            rows = np.flatnonzero(shard == s)
+            picked = records[s][ids[rows] - starts[s]]
+            for f, out in zip(fields, outs):
+                out[rows] = picked[:, f.offset:f.offset + f.nbytes]
+        return np.flatnonzero(~held), touched

@@ -26,13 +26,14 @@ import pyarrow as pa
 if TYPE_CHECKING:
     from stoker.loader.fastpath import FastPlan
 
-__all__ = ["prime", "start", "wait"]
+__all__ = ["first_call", "prime", "start", "wait"]
 
 logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _threads: list[threading.Thread] = []
 _done: set[tuple[str, ...]] = set()  # plans already warmed in this process
+_first: set[str] = set()  # see first_call
 
 
 def wait() -> None:
@@ -100,7 +101,7 @@ def _run(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
             if layout is not None:
                 table = rowmajor.RecordTable(layout, 1)
                 table.add(0, np.zeros((2, layout.stride), dtype=np.uint8))
-                table.gather(one, np.array([0, 2], dtype=np.int64), slot)
+                table.gather(one, np.array([0, 2], dtype=np.int64), slot, kernel=True)
             plan.run([(data, one, one, one)], 1, slot, lambda cols: {c: None for c in cols})
             if layout is not None:
                 rowmajor.build(layout, data, layout.misfits(batches))
@@ -119,12 +120,26 @@ def start(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
 
 
 def _order() -> None:
+    from stoker.loader.feistel import order_range
     from stoker.loader.order import EpochOrder, OrderOptions
 
     try:
-        EpochOrder(np.array([64, 64], dtype=np.int64), "0" * 32, 0, 0, OrderOptions()).ids(0, 4)
+        order = EpochOrder(np.array([64, 64], dtype=np.int64), "0" * 32, 0, 0, OrderOptions())
+        order_range(np.int64(0), np.int64(4), np.int64(1), *order._kernel_args())
     except Exception as exc:  # noqa: BLE001 - only a head start
         logger.debug("order warm-up skipped: %s: %s", type(exc).__name__, exc)
+
+
+def first_call(name: str) -> bool:
+    """True for the first call of ``name`` in this process if a warm-up thread is still
+    loading kernels: that call (the first batch's order or gather) may use its NumPy twin
+    instead of waiting for Numba's start-up. Later calls wait for the kernels: NumPy batches
+    competing with the warm-up for the GIL measured slower overall (bench/RESULTS.md)."""
+    with _lock:
+        if name in _first or not any(t.is_alive() for t in _threads):
+            return False
+        _first.add(name)
+        return True
 
 
 def prime() -> None:

@@ -230,3 +230,44 @@ def test_warmup_loads_every_kernel_a_batch_needs(dataset: Manifest, tmp_path: Pa
     out = subprocess.run([sys.executable, str(script), str(dataset.root)], capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_numpy_gather_equals_the_kernel(dataset: Manifest) -> None:
+    """The NumPy gather (first batches of a fresh process) writes what the kernel writes."""
+    src = ArrowSource(dataset, features=FEATS, categoricals=CATS, row_major=True)
+    src._table(0)
+    src._table(2)  # shard 1 has no records: its rows must come back as missing
+    table = src._records
+    ids = np.random.default_rng(3).permutation(100)
+    kernel, missing, touched = table.gather(ids, src._starts, src.ring.acquire())
+    slot = src.ring.acquire()
+    arrays = {f.name: slot.array(f.name, (len(ids), f.width), f.dtype) for f in table.fields}
+    for a in arrays.values():
+        a.fill(0)
+    np_missing, np_touched = table._gather_numpy(
+        ids, src._starts, table.fields, tuple(arrays[f.name].view(np.uint8) for f in table.fields))
+    assert np_missing.tolist() == missing.tolist() == np.flatnonzero((ids >= 50) & (ids < 80)).tolist()
+    assert sorted(np_touched.tolist()) == sorted(touched.tolist()) == [0, 2]
+    held = np.setdiff1d(np.arange(len(ids)), missing)
+    for name, arr in arrays.items():
+        assert arr[held].tobytes() == kernel[name][held].tobytes(), name
+
+
+def test_numpy_twins_serve_only_the_first_call_while_warming(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from stoker.loader import warmup
+
+    monkeypatch.setattr(warmup, "_first", set())
+    monkeypatch.setattr(warmup, "_threads", [])
+    assert not warmup.first_call("gather")  # nothing warming: call the kernel (it loads)
+    release = threading.Event()
+    busy = threading.Thread(target=release.wait)
+    busy.start()
+    try:
+        monkeypatch.setattr(warmup, "_threads", [busy])
+        assert warmup.first_call("gather") and warmup.first_call("order")
+        assert not warmup.first_call("gather") and not warmup.first_call("order")
+    finally:
+        release.set()
+        busy.join()

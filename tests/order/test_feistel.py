@@ -55,3 +55,20 @@ def test_order_kernels_match_reference() -> None:
     assert k.order_at(ks, *args).tolist() == ref
     assert k.order_range(np.int64(0), np.int64(23), np.int64(1), *args).tolist() == ref
     assert k.order_range(np.int64(2), np.int64(23), np.int64(3), *args).tolist() == ref[2::3]
+
+
+@settings(max_examples=60, deadline=None)
+@given(P=st.integers(1, 9), K=st.integers(1, 70), n=st.integers(1, 400),
+       pieces=st.integers(1, 6), key=st.integers(0, 2**64 - 1), data=st.data())
+def test_numpy_twin_matches_the_kernel(P: int, K: int, n: int, pieces: int, key: int,
+                                       data: st.DataObject) -> None:
+    """order_at_np (first batches of a fresh process) == order_at, bit for bit."""
+    q, rem = n // P, n % P
+    pkeys = k.hash_keys(np.uint64(key), P)
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(n - 1, 1)), max_size=pieces - 1))))
+    pos = np.array([0] + [c for c in cuts if c < n], dtype=np.int64)
+    gid = np.array(data.draw(st.permutations(range(len(pos))))) * 1000
+    ks = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=64)),
+                  dtype=np.int64)
+    args = (np.int64(P), np.int64(K), np.int64(q), np.int64(rem), pkeys, pos, gid)
+    assert k.order_at_np(ks, *args).tolist() == k.order_at(ks, *args).tolist()
