@@ -8,7 +8,9 @@ the store itself pass their own directory.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from typing import Iterator
 
 import pytest
 
@@ -17,5 +19,6 @@ os.environ["STOKER_ROW_MAJOR_DIR"] = _RECORDS  # subprocesses started by tests i
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _row_major_dir() -> str:
-    return _RECORDS
+def _row_major_dir() -> Iterator[str]:
+    yield _RECORDS
+    shutil.rmtree(_RECORDS, ignore_errors=True)
