@@ -92,6 +92,7 @@ def read_back(dataset: str | os.PathLike[str], seed: int) -> ReadResult:
 
 
 def run(args: argparse.Namespace) -> int:
+    import stoker.loader.dataloader  # noqa: F401 - Numba starts up while the data is made
     from stoker.sharder import format_size, shard
     from stoker.sharder.synthetic import write_tabular_parquet
     from stoker.tools.cli import UsageError
