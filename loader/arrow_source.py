@@ -12,11 +12,9 @@ return equal batches.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import OrderedDict
 from contextlib import AbstractContextManager, nullcontext
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -27,7 +25,7 @@ from stoker.loader.convert import stack_features, table_to_batch
 from stoker.loader.errors import WorkerError
 from stoker.loader.fastpath import FastPlan, NotZeroCopy, ShardData
 from stoker.loader.images import ImageOptions, decode_into
-from stoker.loader.record_store import RecordStore
+from stoker.loader.shard_records import ShardRecords
 from stoker.loader import rowmajor, warmup
 from stoker.loader.ring import BufferRing
 from stoker.manifest import Manifest, ManifestError, StokerError, redact_url
@@ -126,17 +124,12 @@ class ArrowSource:
         self._lock = threading.Condition()
         self._opening: set[int] = set()  # shards being opened (pinned) by some thread now
         self.opened_shards: set[int] = set()
-        budget = rowmajor.resolve_mode(row_major)
-        self._row_major = budget if self._plan is not None else 0
-        self._rm_budget = rowmajor.RowMajorBudget(budget)
-        self._rm_bytes: dict[int, int] = {}
-        self._records: rowmajor.RecordTable | None = None  # set when the first shard opens
-        self._store_dir = row_major_dir
-        self._store: RecordStore | None = None
-        self._rm_pool: tuple[int, ThreadPoolExecutor, ThreadPoolExecutor] | None = None
-        self._owner_pid = os.getpid()
+        self._rm = ShardRecords(self._plan, manifest, row_major if self._plan else False,
+                                row_major_dir, self._lock,
+                                lambda index, data: self._data.get(index) is data) \
+            if self._plan is not None else None
         if self._plan is not None:
-            warmup.start(self._plan, schema, self._row_major != 0)
+            warmup.start(self._plan, schema, bool(self._rm and self._rm.mode))
 
     def _check_categoricals(self, schema: pa.Schema) -> None:
         for name in self.categoricals:
@@ -202,17 +195,16 @@ class ArrowSource:
             self._open[index] = (table, handle)
             self._data[index] = data
             self._lock.notify_all()
-        if data is not None and self._row_major:
-            self._start_row_major(index, data, batches)
+        if data is not None and self._rm is not None:
+            self._rm.opened(index, data, batches)
         return table
 
     def _evict_oldest_locked(self) -> AbstractContextManager[str]:
         """Drop the least recently used open shard; returns its handle to close unlocked."""
         evicted, (_, handle) = self._open.popitem(last=False)
         self._data.pop(evicted, None)
-        if self._records is not None:
-            self._records.remove(evicted)
-        self._rm_budget.release(self._rm_bytes.pop(evicted, 0))
+        if self._rm is not None:
+            self._rm.dropped(evicted)
         self._lock.notify_all()
         return handle
 
@@ -234,126 +226,21 @@ class ArrowSource:
             raise
         return table, data, batches, handle
 
-    # -- row-major copies (stoker.loader.rowmajor) ------------------------------------------
-    def _start_row_major(self, index: int, data: ShardData, batches: list[pa.RecordBatch]) -> None:
-        """Reserve budget for shard ``index``'s row-major records and get them: mapped now
-        when the store has them (~10 ms per 250 MB, verified), built now for
-        ``row_major=True``, else built in the background."""
-        assert self._plan is not None  # noqa: S101 - only called on the fast path
-        with self._lock:
-            if self._records is None:
-                self._store = self._open_store()
-                layout = rowmajor.RecordLayout.of(self._plan, batches)
-                if layout is None:
-                    self._row_major = 0
-                    return
-                self._records = rowmajor.RecordTable(layout, len(self.shard_rows))
-            if self._row_major > 0 and self._store is None and os.getpid() != self._owner_pid:
-                return  # "auto" in a forked worker: N workers would hold N private copies
-            nbytes = int(data.starts[-1]) * self._records.layout.stride
-            if nbytes == 0 or self._data.get(index) is not data \
-                    or not self._rm_budget.reserve(nbytes):
-                return
-            self._rm_bytes[index] = nbytes
-            layout, store = self._records.layout, self._store
-        misfits = layout.misfits(batches)
-        name = None if store is None else store.name(
-            self.manifest.shards[index].xxh3_128, int(data.starts[-1]), layout.key(misfits))
-        if self._row_major < 0 or (name is not None and store.exists(name)):  # type: ignore[union-attr]
-            self._build_row_major(index, data, misfits, name)
-        else:
-            self._pools()[0].submit(self._build_row_major, index, data, misfits, name)
-
-    def _build_row_major(self, index: int, data: ShardData, misfits: list[str],
-                         name: str | None) -> None:
-        table = self._records
-        assert table is not None and self._plan is not None  # noqa: S101 - set before submit
-        with self._lock:
-            if self._data.get(index) is not data:  # evicted (budget already released)
-                return
-        try:
-            records = self._records_of(index, data, misfits, name)
-        except Exception as exc:  # noqa: BLE001 - the column path still serves this shard
-            logger.warning("row-major copy of shard %d failed (%s: %s); its batches use the "
-                           "column path", index, type(exc).__name__, exc)
-            with self._lock:
-                self._rm_budget.release(self._rm_bytes.pop(index, 0))
-            return
-        with self._lock:
-            if records is None or self._data.get(index) is not data:
-                self._rm_budget.release(self._rm_bytes.pop(index, 0))
-            else:
-                table.add(index, records, misfits)
-
-    def _open_store(self) -> RecordStore | None:
-        if self._store_dir is None:
-            return None
-        try:
-            return RecordStore(self._store_dir)
-        except OSError as exc:
-            logger.warning("row-major records stay in memory: %s is not usable (%s)",
-                           self._store_dir, exc)
-            return None
-
-    def _records_of(self, index: int, data: ShardData, misfits: list[str],
-                    name: str | None) -> np.ndarray | None:
-        """Shard ``index``'s records: mapped from the store's file ``name``, else built in
-        memory (and, in the process that owns this source, written to the store in the
-        background). ``None`` in a forked worker when the store has none (N workers would
-        build N private copies)."""
-        layout = self._records.layout  # type: ignore[union-attr]
-        store = self._store
-        if store is None or name is None:
-            return rowmajor.build(layout, data, misfits)
-        rows = int(data.starts[-1])
-        found = store.open(name, rows * layout.stride)
-        if found is not None:
-            return found.reshape(rows, layout.stride)
-        if self._row_major > 0 and os.getpid() != self._owner_pid:
-            return None
-        records = rowmajor.build(layout, data, misfits)
-        self._pools()[1].submit(self._persist, store, name, index, data, records)
-        return records
-
-    def _persist(self, store: RecordStore, name: str, index: int, data: ShardData,
-                 records: np.ndarray) -> None:
-        """Save in-memory records, then serve the file's mapping instead: page cache is
-        shared and reclaimable, and gathers from it measured no slower. The writing thread
-        runs at a lower CPU priority (Linux): it must not slow the batches."""
-        _lower_priority()
-        try:
-            store.save(name, records)
-            mapped = store.open(name, records.nbytes)
-        except OSError as exc:  # full disk, permissions: this process has them in memory
-            logger.warning("row-major records of shard %d were not saved to %s: %s", index,
-                           store.root, exc)
-            return
-        with self._lock:
-            if mapped is not None and self._data.get(index) is data and index in self._records:
-                self._records.add(index, mapped.reshape(records.shape))  # type: ignore[union-attr]
-
-    def _pools(self) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
-        """(builder, writer) threads of this process (a forked child makes its own)."""
-        with self._lock:
-            if self._rm_pool is None or self._rm_pool[0] != os.getpid():
-                self._rm_pool = (os.getpid(),
-                                 ThreadPoolExecutor(1, thread_name_prefix="stoker-rowmajor"),
-                                 ThreadPoolExecutor(1, thread_name_prefix="stoker-rowmajor-save"))
-            return self._rm_pool[1], self._rm_pool[2]
+    # -- row-major records (stoker.loader.shard_records) --------------------------------------
+    @property
+    def _records(self) -> rowmajor.RecordTable | None:
+        return self._rm.table if self._rm is not None else None
 
     def wait_row_major(self) -> None:
-        """Block until every row-major copy started so far is built and saved (tests,
+        """Block until every row-major record started so far is built and saved (tests,
         benchmarks)."""
-        with self._lock:
-            pool = self._rm_pool
-        if pool is not None and pool[0] == os.getpid():
-            pool[1].submit(lambda: None).result()  # builds first: they queue the writes
-            pool[2].submit(lambda: None).result()
+        if self._rm is not None:
+            self._rm.wait()
 
     @property
     def row_major_bytes(self) -> int:
-        """Bytes reserved by the row-major copies of the open shards."""
-        return self._rm_budget.used
+        """Bytes reserved by the row-major records of the open shards."""
+        return self._rm.nbytes if self._rm is not None else 0
 
     def _shard_data(self, batches: list[pa.RecordBatch], arena: pa.Buffer) -> ShardData | None:
         """Kernel inputs for a shard, or ``None`` when it is not zero-copy (e.g. compressed)."""
@@ -515,25 +402,10 @@ class ArrowSource:
             entries = list(self._open.values())
             self._open.clear()
             self._data.clear()
-            for index, nbytes in self._rm_bytes.items():
-                self._rm_budget.release(nbytes)
-                if self._records is not None:
-                    self._records.remove(index)
-            self._rm_bytes.clear()
-            pool, self._rm_pool = self._rm_pool, None
-        if pool is not None and pool[0] == os.getpid():
-            pool[1].shutdown(wait=False, cancel_futures=True)
-            pool[2].shutdown(wait=False)  # a started write finishes (atomic either way)
+        if self._rm is not None:
+            self._rm.close()
         for _, handle in entries:
             handle.__exit__(None, None, None)
-
-
-def _lower_priority() -> None:
-    """Nice the calling thread (Linux threads have their own nice value); best effort."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except (AttributeError, OSError):
-        pass
 
 
 def _stack_ints(table: pa.Table, columns: Sequence[str]) -> torch.Tensor:

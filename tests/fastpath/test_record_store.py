@@ -150,12 +150,12 @@ def test_an_unusable_directory_falls_back_to_memory(dataset: Manifest, tmp_path:
 def test_forked_workers_map_saved_records_and_build_none(dataset: Manifest,
                                                          tmp_path: Path) -> None:
     worker = _source(dataset, tmp_path)
-    worker._owner_pid = -1  # as in a worker process forked after construction
+    worker._rm.owner_pid = -1  # as in a worker process forked after construction
     _served(worker, IDS)
     assert len(worker._records) == 0 and _files(tmp_path) == []
     _served(_source(dataset, tmp_path), IDS)  # the owner builds and saves them
     worker = _source(dataset, tmp_path)
-    worker._owner_pid = -1
+    worker._rm.owner_pid = -1
     _served(worker, IDS)
     assert len(worker._records) == 3
 
@@ -179,7 +179,7 @@ def test_dataloader_passes_the_directory(dataset: Manifest, tmp_path: Path) -> N
 
     assert epoch(tmp_path) == epoch(False) == epoch(tmp_path)
     loader = DataLoader(dataset, batch_size=16, features=FEATS, row_major_dir=False)
-    assert loader._source._store_dir is None
+    assert loader._source._rm.store_dir is None
 
 
 SCRIPT = """

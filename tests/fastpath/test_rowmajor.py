@@ -187,7 +187,7 @@ def test_dataloader_passes_row_major(dataset: Manifest) -> None:
     def epoch(mode: Any) -> list[dict[str, Any]]:
         loader = DataLoader(dataset, batch_size=16, shuffle=True, seed=3, features=FEATS,
                             categoricals=CATS, row_major=mode)
-        assert loader._source._row_major == rowmajor.resolve_mode(mode)
+        assert loader._source._rm.mode == rowmajor.resolve_mode(mode)
         return [_bytes(b) for b in loader]
 
     assert epoch(True) == epoch(False) == epoch("auto")
@@ -196,7 +196,7 @@ def test_dataloader_passes_row_major(dataset: Manifest) -> None:
 def test_auto_builds_no_copies_in_forked_workers(dataset: Manifest) -> None:
     for mode, expected in (("auto", 0), (True, sum(SHARD_BYTES))):
         src = ArrowSource(dataset, features=FEATS, categoricals=CATS, row_major=mode)
-        src._owner_pid = -1  # as in a worker process forked after construction
+        src._rm.owner_pid = -1  # as in a worker process forked after construction
         src.fetch(np.arange(100))
         src.wait_row_major()
         assert src.row_major_bytes == expected
