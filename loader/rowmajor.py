@@ -226,12 +226,15 @@ def build(layout: RecordLayout, data: ShardData, skip: Sequence[str] = (),
 
 
 @kernel
-def _gather(ids, starts, addrs, stride, offsets, sizes, outs,  # type: ignore[no-untyped-def]
-            missing, marks, stamp, touched):
-    """Fill ``outs[f][i, :]`` with bytes ``offsets[f]:offsets[f] + sizes[f]`` of sample
-    ``ids[i]``'s record; returns ``(m, t)``: ``missing[:m]`` are the batch rows whose shard has
-    no record (``addrs[shard] == 0``), ``touched[:t]`` the shards read (``marks`` holds the
-    last ``stamp`` that saw each shard)."""
+def _gather(ids, starts, addrs, stride, offsets, sizes,  # type: ignore[no-untyped-def]
+            out_addrs, out_strides, missing, marks, stamp, touched):
+    """Write bytes ``offsets[f]:offsets[f] + sizes[f]`` of sample ``ids[i]``'s record at
+    address ``out_addrs[f] + i * out_strides[f]`` (row ``i`` of output ``f``); returns
+    ``(m, t)``: ``missing[:m]`` are the batch rows whose shard has no record
+    (``addrs[shard] == 0``), ``touched[:t]`` the shards read (``marks`` holds the last
+    ``stamp`` that saw each shard). Outputs go by address, not as a tuple of arrays: Numba
+    types a tuple argument in Python on every call (~20 us), and one signature then serves
+    every layout."""
     n = ids.shape[0]
     last = starts.shape[0] - 1
     src = np.empty(n, dtype=np.int64)
@@ -271,10 +274,10 @@ def _gather(ids, starts, addrs, stride, offsets, sizes, outs,  # type: ignore[no
             continue
         p = pointer(src[i])
         for f in range(offsets.shape[0]):
-            out = outs[f]
+            q = pointer(out_addrs[f] + i * out_strides[f])
             off = offsets[f]
             for b in range(sizes[f]):
-                out[i, b] = p[off + b]
+                q[b] = p[off + b]
     return m, t
 
 
@@ -378,18 +381,20 @@ class RecordTable:
             if not fields:
                 return {}, np.arange(n, dtype=np.int64), np.empty(0, dtype=np.int64)
             arrays = {f.name: slot.array(f.name, (n, f.width), f.dtype) for f in fields}
-            outs = tuple(arrays[f.name].view(np.uint8) for f in fields)
-            if not (kernel or _gather.signatures) and warmup.first_call("gather"):
+            outs = [arrays[f.name].view(np.uint8) for f in fields]
+            if not kernel and warmup.first_call("gather") and not _gather.signatures:
                 missing_, touched_ = self._gather_numpy(ids, starts, fields, outs)
                 return arrays, missing_, touched_
             missing = np.empty(n, dtype=np.int64)
             touched = np.empty(n, dtype=np.int64)
-            m, t = _gather(ids, starts, self.addrs, self.layout.stride, offsets, sizes, outs,
-                           missing, self._marks, stamp, touched)
+            out_addrs = np.array([o.__array_interface__["data"][0] for o in outs], dtype=np.int64)
+            out_strides = np.array([o.strides[0] for o in outs], dtype=np.int64)
+            m, t = _gather(ids, starts, self.addrs, self.layout.stride, offsets, sizes,
+                           out_addrs, out_strides, missing, self._marks, stamp, touched)
         return arrays, missing[:m], touched[:t]
 
     def _gather_numpy(self, ids: np.ndarray, starts: np.ndarray, fields: Sequence[Field],
-                      outs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
+                      outs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """:func:`_gather` with NumPy fancy indexing (~1 ms per W1 batch): what the first
         batches of a fresh process use while Numba starts up."""
         with self._lock:

@@ -135,11 +135,13 @@ def first_call(name: str) -> bool:
     loading kernels: that call (the first batch's order or gather) may use its NumPy twin
     instead of waiting for Numba's start-up. Later calls wait for the kernels: NumPy batches
     competing with the warm-up for the GIL measured slower overall (bench/RESULTS.md)."""
+    if name in _first:  # every call but a process's first: no lock
+        return False
     with _lock:
-        if name in _first or not any(t.is_alive() for t in _threads):
+        if name in _first:
             return False
         _first.add(name)
-        return True
+        return any(t.is_alive() for t in _threads)
 
 
 def prime() -> None:

@@ -245,7 +245,7 @@ def test_numpy_gather_equals_the_kernel(dataset: Manifest) -> None:
     for a in arrays.values():
         a.fill(0)
     np_missing, np_touched = table._gather_numpy(
-        ids, src._starts, table.fields, tuple(arrays[f.name].view(np.uint8) for f in table.fields))
+        ids, src._starts, table.fields, [arrays[f.name].view(np.uint8) for f in table.fields])
     assert np_missing.tolist() == missing.tolist() == np.flatnonzero((ids >= 50) & (ids < 80)).tolist()
     assert sorted(np_touched.tolist()) == sorted(touched.tolist()) == [0, 2]
     held = np.setdiff1d(np.arange(len(ids)), missing)
@@ -260,7 +260,7 @@ def test_numpy_twins_serve_only_the_first_call_while_warming(monkeypatch: pytest
 
     monkeypatch.setattr(warmup, "_first", set())
     monkeypatch.setattr(warmup, "_threads", [])
-    assert not warmup.first_call("gather")  # nothing warming: call the kernel (it loads)
+    assert not warmup.first_call("load")  # nothing warming: call the kernel (it loads)
     release = threading.Event()
     busy = threading.Thread(target=release.wait)
     busy.start()
