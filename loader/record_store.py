@@ -24,6 +24,7 @@ from __future__ import annotations
 import mmap
 import os
 import tempfile
+import time
 
 import numpy as np
 import xxhash
@@ -39,6 +40,8 @@ _FORMAT = "stoker-records/1"
 _TRAILER = 16  # xxh3-128 digest of the records
 _SUFFIX = ".rec"
 _WRITE_CHUNK = 64 << 20
+_TEMP = ".writing-"
+_ORPHAN_AGE = 3600.0
 
 
 def default_dir(cache_dir: str | None = None) -> str | None:
@@ -119,7 +122,7 @@ class RecordStore:
                 return False
             raw = memoryview(np.ascontiguousarray(records).reshape(-1))
             self._make_room(raw.nbytes + _TRAILER, keep=name)
-            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".writing-", suffix=_SUFFIX)
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=_TEMP, suffix=_SUFFIX)
             try:
                 with os.fdopen(fd, "wb") as f:
                     for lo in range(0, raw.nbytes, _WRITE_CHUNK):
@@ -134,21 +137,29 @@ class RecordStore:
             lock.release()
 
     def _make_room(self, nbytes: int, keep: str) -> None:
-        """Delete the least recently used record files until ``nbytes`` more fit the limit."""
+        """Delete the least recently used record files until ``nbytes`` more fit the limit,
+        and temporary files a killed writer left behind (older than ``_ORPHAN_AGE`` s)."""
         files = []
+        now = time.time()
         with os.scandir(self.root) as it:
             for entry in it:
-                if entry.name.endswith(_SUFFIX) and entry.name != keep:
-                    try:
-                        st = entry.stat()
-                    except OSError:
-                        continue
-                    files.append((st.st_mtime, st.st_size, entry.path))
+                if not entry.name.endswith(_SUFFIX) or entry.name == keep:
+                    continue
+                try:
+                    st = entry.stat()
+                except OSError:
+                    continue
+                if entry.name.startswith(_TEMP):
+                    if now - st.st_mtime > _ORPHAN_AGE:
+                        _unlink(entry.path)
+                    continue  # another process may be writing it now
+                files.append((st.st_mtime, st.st_size, entry.path))
         total = sum(size for _, size, _ in files)
         for _, size, path in sorted(files):
             if total + nbytes <= self.limit:
                 break
             _unlink(path)
+            _unlink(path + ".lock")  # only ever taken without waiting (see save)
             total -= size
 
 

@@ -130,6 +130,7 @@ def test_the_directory_is_bounded_least_recently_used_first(dataset: Manifest,
     store = RecordStore(str(tmp_path), limit=sum(sizes.values()))
     assert store.save("new.rec", np.zeros(10, dtype=np.uint8))
     assert not oldest.exists() and len(_files(tmp_path)) == 3
+    assert not Path(f"{oldest}.lock").exists()  # lock files go with their records
     assert store.open("new.rec", 10) is not None
     assert not store.save("new.rec", np.ones(10, dtype=np.uint8))  # exists: kept
 
@@ -211,3 +212,14 @@ def test_process_workers_share_the_files(dataset: Manifest, tmp_path: Path) -> N
     assert _files(where) == []
     _served(_source(dataset, where), IDS)
     assert run() == cold  # now both workers map the same files: same batches
+
+
+def test_orphaned_temporary_files_are_removed(tmp_path: Path) -> None:
+    store = RecordStore(str(tmp_path))
+    orphan, fresh = tmp_path / ".writing-old.rec", tmp_path / ".writing-new.rec"
+    orphan.write_bytes(b"x" * 100)
+    fresh.write_bytes(b"x" * 100)
+    os.utime(orphan, (1, 1))  # a writer killed long ago
+    assert store.save("a.rec", np.arange(8, dtype=np.uint8))
+    assert not orphan.exists() and fresh.exists()  # a recent one may be mid-write
+    assert store.open("a.rec", 8).tolist() == list(range(8))
