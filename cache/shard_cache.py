@@ -411,9 +411,10 @@ class ShardCache:
                       admitted: Callable[[], None] = lambda: None) -> bool:
         """Download, verify, materialise and commit shard ``i`` (its lock held exclusive).
 
-        ``admitted`` is called once the download's room and in-flight bytes are reserved (or
-        it declined); a prefetcher then lets the next one claim. Returns False only when a
-        prefetch declines (no room without hurting the schedule).
+        ``admitted`` is called once the download's room and in-flight bytes are reserved; a
+        prefetcher then lets the next one claim (when it declines, its loop does so after
+        unclaiming the shard). Returns False only when a prefetch declines (no room without
+        hurting the schedule).
         """
         shard = self._manifest.shards[i]
         failed = self._failed.get(i)
@@ -441,9 +442,9 @@ class ShardCache:
             for attempt in (1, 2):
                 part = self._budget.reserve(i, shard.bytes, "part", wait=not prefetch, held=0,
                                             what=repr(shard.path))
-                admitted()  # the temp file now counts against every later prefetch
-                if part is None:
+                if part is None:  # declined: the prefetch loop unclaims it, then admits
                     return False
+                admitted()  # the temp file now counts against every later prefetch
                 temps.append(part)
                 problem = self._download(i, url, shown, part)
                 if problem is None:
@@ -597,10 +598,14 @@ class ShardCache:
                     with self._mutex:
                         self._prefetch_failed.add(i)
             finally:
-                admitted()
+                # Unclaimed before the next thread may claim: a declined shard is then the one
+                # it retries, never skipped for a later one that takes the room this one needs
+                # (and is evicted for it, then fetched again).
                 with self._wake:
                     self._claimed.discard(i)
-                    if declined and not self._closed.is_set():
+                admitted()
+                if declined and not self._closed.is_set():
+                    with self._wake:
                         self._wake.wait(0.2)  # no room ahead of need: let the reader move on
 
     def _claim_next(self) -> int | None:
