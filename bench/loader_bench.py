@@ -13,7 +13,8 @@ Cases: stoker (thread workers 0 and 2); torch's DataLoader over a pyarrow Iterab
 (row groups in a seeded order, shuffled within a row group; the reasonable hand-written
 baseline); ceilings: W1 = one process reads the Parquet row group by row group and converts
 every column to NumPy (no shuffle); W2 = raw decode throughput of the chosen decoder on one
-core x the cores used. Mosaic Streaming and LitData are not run (see bench/RESULTS.md).
+core x the cores used. Mosaic Streaming and LitData run beside stoker in bench/peers_bench.py
+(a separate venv, so they cannot replace the project's torch).
 Peak RSS is the sum over the case's process tree, sampled every 20 ms.
 """
 
@@ -458,9 +459,10 @@ NOTES = """Reading the table:
   after importing stoker finds it done (0.12-0.25 s measured that way), but iterating right
   after construction, as these rows do, still waits for it. The rest is opening the 4 shards
   (metadata of 296 record batches, mapping and verifying 0.73 GiB of records: ~0.1 s).
-- Mosaic Streaming and LitData were not run: not installed in this environment (installing
-  them must not replace torch 2.13.0+cpu). The issue's own figures for them on W1 (0.017 M and
-  0.05 M rows/s) are far below the torch baseline here, which stays the best peer.
+- Mosaic Streaming and LitData: `bench/peers_bench.py` runs them in the same run as stoker and
+  the torch baseline, from a separate venv (their dependencies must not replace torch
+  2.13.0+cpu); results in "Peers" below. Both are below the torch baseline on W1, which stays
+  the best peer here.
 - The machine is shared with other jobs (2 cores): numbers move by +-30 % between runs; the
   ratios come from cases interleaved within each repeat.
 
@@ -496,6 +498,10 @@ def write_results(table: str, header: str) -> None:
         text = text.rstrip("\n") + "\n\n" + section
     else:
         end = text.find("\n## ", start + 1)
+        old = text[start:end if end >= 0 else len(text)]
+        peers = old.find("### Peers")  # bench/peers_bench.py's subsection stays
+        if peers >= 0:
+            section = section.rstrip("\n") + "\n\n" + old[peers:].rstrip("\n") + "\n"
         text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
     path.write_text(text)
 
