@@ -501,8 +501,8 @@ def write_results(table: str, header: str) -> None:
         old = text[start:end if end >= 0 else len(text)]
         peers = old.find("### Peers")  # bench/peers_bench.py's subsection stays
         if peers >= 0:
-            section = section.rstrip("\n") + "\n\n" + old[peers:].rstrip("\n") + "\n"
-        text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
+            section = section.rstrip("\n") + "\n\n" + old[peers:]
+        text = text[:start] + section.rstrip("\n") + "\n\n" + (text[end + 1:] if end >= 0 else "")
     path.write_text(text)
 
 
