@@ -16,7 +16,9 @@ background, under a ``flock`` (one writer per file and node), to a temporary fil
 an atomic rename. (Building straight into a file-backed mapping was measured 1.7-3x slower
 than anonymous memory here, bench/RESULTS.md.) The directory is bounded: when a new file would
 exceed ``limit`` bytes, the least recently mapped files are deleted (a process that maps a
-deleted file keeps reading it; the inode lives until it is unmapped).
+deleted file keeps reading it; the inode lives until it is unmapped), and no file is written
+that would leave the filesystem less than 10 % free (records often live beside the shard cache,
+``<cache_dir>/row-major``, and must never take the room its downloads need).
 """
 
 from __future__ import annotations
@@ -31,11 +33,13 @@ import xxhash
 
 from stoker.cache.lock import FileLock
 
-__all__ = ["DEFAULT_LIMIT_BYTES", "ENV_DIR", "RecordStore", "default_dir"]
+__all__ = ["DEFAULT_LIMIT_BYTES", "ENV_DIR", "MIN_FREE_FRACTION", "RecordStore", "default_dir"]
 
 ENV_DIR = "STOKER_ROW_MAJOR_DIR"
 #: Bytes of record files a directory keeps by default (least recently used go first).
 DEFAULT_LIMIT_BYTES = 32 << 30
+#: A record file is not written if the filesystem would then have less than this share free.
+MIN_FREE_FRACTION = 0.1
 _FORMAT = "stoker-records/1"
 _TRAILER = 16  # xxh3-128 digest of the records
 _SUFFIX = ".rec"
@@ -63,11 +67,22 @@ class RecordStore:
         OSError: ``root`` cannot be created or written.
     """
 
-    def __init__(self, root: str, limit: int = DEFAULT_LIMIT_BYTES) -> None:
+    def __init__(self, root: str, limit: int = DEFAULT_LIMIT_BYTES,
+                 min_free: float = MIN_FREE_FRACTION) -> None:
         os.makedirs(root, exist_ok=True)
         tempfile.TemporaryFile(dir=root).close()  # writable, or OSError now
         self.root = root
         self.limit = limit
+        self.min_free = min_free
+
+    def _room_on_disk(self, nbytes: int) -> bool:
+        """Whether writing ``nbytes`` leaves ``min_free`` of the filesystem free: records are
+        an optimisation and must never take the space a cache or a checkpoint needs."""
+        try:
+            st = os.statvfs(self.root)
+        except (OSError, AttributeError):
+            return True
+        return st.f_bavail * st.f_frsize - nbytes >= self.min_free * st.f_blocks * st.f_frsize
 
     @staticmethod
     def name(shard_hash: str, rows: int, layout_key: str) -> str:
@@ -108,8 +123,9 @@ class RecordStore:
         return os.path.exists(self._path(name))
 
     def save(self, name: str, records: np.ndarray) -> bool:
-        """Write ``records`` (C-contiguous) as file ``name`` unless it exists or another
-        process is writing it now; whether this call wrote it.
+        """Write ``records`` (C-contiguous) as file ``name`` unless it exists, another process
+        is writing it now, or the disk would keep less than ``min_free`` free; whether this
+        call wrote it.
 
         Raises:
             OSError: no room on the disk, or the directory is not writable.
@@ -122,6 +138,8 @@ class RecordStore:
                 return False
             raw = memoryview(np.ascontiguousarray(records).reshape(-1))
             self._make_room(raw.nbytes + _TRAILER, keep=name)
+            if not self._room_on_disk(raw.nbytes + _TRAILER):
+                return False
             fd, tmp = tempfile.mkstemp(dir=self.root, prefix=_TEMP, suffix=_SUFFIX)
             try:
                 with os.fdopen(fd, "wb") as f:

@@ -223,3 +223,11 @@ def test_orphaned_temporary_files_are_removed(tmp_path: Path) -> None:
     assert store.save("a.rec", np.arange(8, dtype=np.uint8))
     assert not orphan.exists() and fresh.exists()  # a recent one may be mid-write
     assert store.open("a.rec", 8).tolist() == list(range(8))
+
+
+def test_nothing_is_written_when_the_disk_would_run_low(dataset: Manifest,
+                                                        tmp_path: Path) -> None:
+    full = RecordStore(str(tmp_path), min_free=1.0)  # no filesystem keeps 100 % free
+    assert not full.save("a.rec", np.zeros(10, dtype=np.uint8))
+    assert _files(tmp_path) == []
+    assert RecordStore(str(tmp_path), min_free=0.0).save("a.rec", np.zeros(10, dtype=np.uint8))
