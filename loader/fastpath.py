@@ -162,23 +162,16 @@ class ShardData:
         loc = _Locator(arena)
         rows = [b.num_rows for b in batches]
         self.starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)]).astype(np.int64)
-        self._batches, self._loc = batches, loc
-        self.meta: dict[str, np.ndarray] = _ColumnMeta(self._column_meta)
+        self.meta: dict[str, np.ndarray] = _ColumnMeta(batches, loc)
         for name in columns:
             if arena is None or _kind(batches[0].schema.field(name).type) != "fixed":
                 self.meta[name]  # noqa: B018 - computes and stores it (see below)
             else:  # zero-copy and fixed-width: check one record batch now (a compressed shard
-                self._column_meta(name, batches[:1])  # fails here), the rest on first use
+                _column_meta(batches[:1], name, loc)  # fails here), the rest on first use
         # (packed copies need every buffer before the arena exists; variable-width columns may
         # have empty buffers outside the map in any record batch: both are computed now)
         self._arena = loc.finish()
         self.views = k.arena_views(self._arena)
-
-    def _column_meta(self, name: str,
-                     batches: Sequence[pa.RecordBatch] | None = None) -> np.ndarray:
-        arrs = [b.column(name) for b in (self._batches if batches is None else batches)]
-        fn = _fixed_meta if _kind(arrs[0].type) == "fixed" else _var_meta
-        return np.array([fn(a, self._loc) for a in arrs], dtype=np.int64).reshape(len(arrs), -1)
 
     def matrix_meta(self, columns: Sequence[str]) -> np.ndarray:
         """int64 ``[chunks, K, 4]`` for :func:`~stoker.loader.kernels.gather_fixed`."""
@@ -188,15 +181,26 @@ class ShardData:
         return self.meta[key]
 
 
-class _ColumnMeta(dict):  # type: ignore[type-arg]
-    """Column name -> kernel metadata, computed on first access (see :class:`ShardData`)."""
+def _column_meta(batches: Sequence[pa.RecordBatch], name: str, loc: _Locator) -> np.ndarray:
+    arrs = [b.column(name) for b in batches]
+    fn = _fixed_meta if _kind(arrs[0].type) == "fixed" else _var_meta
+    return np.array([fn(a, loc) for a in arrs], dtype=np.int64).reshape(len(arrs), -1)
 
-    def __init__(self, compute: Callable[[str], np.ndarray]) -> None:
+
+class _ColumnMeta(dict):  # type: ignore[type-arg]
+    """Column name -> kernel metadata, computed on first access (see :class:`ShardData`).
+
+    Holds the batches and the locator, never the :class:`ShardData`: a reference cycle would
+    keep a closed shard's memory map (and, in a cache, its deleted file's disk space) alive
+    until the garbage collector happens to run.
+    """
+
+    def __init__(self, batches: Sequence[pa.RecordBatch], loc: _Locator) -> None:
         super().__init__()
-        self._compute = compute
+        self._batches, self._loc = batches, loc
 
     def __missing__(self, name: str) -> np.ndarray:
-        value = self[name] = self._compute(name)
+        value = self[name] = _column_meta(self._batches, name, self._loc)
         return value
 
 

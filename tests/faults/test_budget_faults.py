@@ -1,7 +1,7 @@
 """Cases 10 and 11 of issue 8: a cache budget of 3 shards under 8 readers; a tiny file system.
 
 CI trial counts: case 10 runs one loader with 8 reader threads for 3 epochs (full: 10 epochs);
-case 11 fills a 4 MiB tmpfs once per outcome (runs as root, skipped otherwise).
+case 11 fills a 5 MiB tmpfs once per outcome (runs as root, skipped otherwise).
 """
 
 from __future__ import annotations
@@ -112,7 +112,9 @@ def tiny_fs(tmp_path: Path):
         pytest.skip("mounting a tmpfs needs root (CI runs as root)")
     mnt = tmp_path / "tiny"
     mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
+    # 5 MiB: six 1.6 MB shards overflow it, while part 2's limit (2 shards) plus one download
+    # in flight (4.8 MB) fits; at 4 MiB part 2 itself could run out of space
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(mnt)],
                           capture_output=True, text=True)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
