@@ -84,7 +84,10 @@ def repair(layout: Layout, manifest: Manifest, counters: _Counters) -> None:
             continue
         with _try_lock(layout, idx) as free:
             if free and vouched(layout, manifest, idx) is None:
-                verdict = _readopt(layout, manifest, idx)
+                try:
+                    verdict = _readopt(layout, manifest, idx)
+                except FileNotFoundError:  # evicted by another process since the listing
+                    continue
                 if verdict == "corrupt":  # the right size, the wrong bytes: bit rot, a bad copy
                     if quarantine_committed(layout, idx, "fails verification at start-up",
                                             counters):
@@ -110,6 +113,9 @@ def _readopt(layout: Layout, manifest: Manifest, i: int) -> str:
 
     Returns ``"kept"``, ``"corrupt"`` (it should verify by its size but its hash is wrong) or
     ``"unverifiable"`` (nothing to check it against: removed and fetched again).
+
+    Raises:
+        FileNotFoundError: another process evicted it after the directory was listed.
     """
     path = layout.data(i)
     st = os.stat(path)
