@@ -215,9 +215,11 @@ class ArrowSource:
         try:
             source = pa.memory_map(path, "r")
             arena = source.read_buffer(source.size())  # zero-copy view of the whole file
-            reader = pa.ipc.open_file(arena)
-            batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
-            table = pa.Table.from_batches(batches, reader.schema).select(self.columns)
+            # one call for all record batches: a call per batch gives the GIL away hundreds of
+            # times, each handoff waiting on a busy thread (measured 0.17 s for W1's 296)
+            full = pa.ipc.open_file(arena).read_all()
+            batches = full.to_batches()
+            table = full.select(self.columns)
             data = self._shard_data(batches, arena)
             if data is None and self.manifest.compression != "none":
                 table = table.combine_chunks()  # decompress once, not once per take
