@@ -478,9 +478,9 @@ its record through a table of shard addresses and prefetches the records 16 rows
 many misses are in flight at once (0.16 -> 0.09 ms per batch from the prefetch alone). The
 batches are bitwise equal to the column path's (tested with Hypothesis). A batch then costs
 ~0.12 ms of kernel (about 7 random cache lines per row) plus ~0.05 ms of order computation and
-Python (DataLoader bookkeeping, tensor wrapping): 5-6 M rows/s in steady state, 2.4-2.7x the
-Parquet ceiling. In a fresh process the epoch (0.4 s of gathers) carries the first batch's
-~0.4 s, hence ~2.5 M rows/s. A first run on a node also builds the records (0.94 s of one core
+Python (DataLoader bookkeeping, tensor wrapping): 4.6-5.4 M rows/s once started, 2.1-2.7x the
+Parquet ceiling. In a fresh process that iterates at once, the epoch (~0.4 s of gathers)
+carries a first batch of 0.3-0.5 s, hence 2.3-2.7 M rows/s. A first run on a node also builds the records (0.94 s of one core
 for 0.73 GiB, of which ~0.3 s is faulting in fresh zeroed pages) and saves them (a niced
 thread), hence ~1.3 M rows/s once per node and dataset.
 
