@@ -25,9 +25,9 @@ from stoker.loader.convert import stack_features, table_to_batch
 from stoker.loader.errors import WorkerError
 from stoker.loader.fastpath import FastPlan, NotZeroCopy, ShardData
 from stoker.loader.images import ImageOptions, decode_into
-from stoker.loader.shard_records import ShardRecords
 from stoker.loader import rowmajor, warmup
 from stoker.loader.ring import BufferRing
+from stoker.loader.shard_records import ShardRecords
 from stoker.manifest import Manifest, ManifestError, StokerError, redact_url
 
 __all__ = ["ArrowSource", "ShardOpener"]
@@ -124,8 +124,7 @@ class ArrowSource:
         self._lock = threading.Condition()
         self._opening: set[int] = set()  # shards being opened (pinned) by some thread now
         self.opened_shards: set[int] = set()
-        self._rm = ShardRecords(self._plan, manifest, row_major if self._plan else False,
-                                row_major_dir, self._lock,
+        self._rm = ShardRecords(self._plan, manifest, row_major, row_major_dir, self._lock,
                                 lambda index, data: self._data.get(index) is data) \
             if self._plan is not None else None
         if self._plan is not None:
@@ -216,7 +215,7 @@ class ArrowSource:
             source = pa.memory_map(path, "r")
             arena = source.read_buffer(source.size())  # zero-copy view of the whole file
             # one call for all record batches: a call per batch gives the GIL away hundreds of
-            # times, each handoff waiting on a busy thread (measured 0.17 s for W1's 296)
+            # times, each handoff waiting on a busy thread (0.17 s for W1's 296 during warm-up)
             full = pa.ipc.open_file(arena).read_all()
             batches = full.to_batches()
             table = full.select(self.columns)
