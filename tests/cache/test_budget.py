@@ -87,11 +87,10 @@ def test_pins_filling_the_limit_are_a_clear_error(dataset, tmp_path: Path) -> No
 
 
 def test_prefetch_fills_ahead_of_need_without_breaking_belady(dataset, tmp_path: Path) -> None:
-    # One prefetch thread: with two, a thread can claim shard 3 before the other has reserved
-    # room for shard 2, fetch it, and have it evicted again when 2 lands (a wasted fetch, never
-    # a missing shard or a budget overrun; known, listed in the issue note).
+    # Two prefetch threads: they are admitted one at a time in need order, so neither can claim
+    # shard 3 before room for shard 2 is reserved (see also test_prefetch_once.py).
     _, manifest, size = _equal_shards(dataset, 6)
-    with ShardCache(manifest, tmp_path / "c", limit=3 * size, prefetch_workers=1,
+    with ShardCache(manifest, tmp_path / "c", limit=3 * size, prefetch_workers=2,
                     prefetch_ahead=6) as cache:
         cache.set_future([0, 1, 2, 3, 4, 5])
         deadline = time.monotonic() + 10
