@@ -416,7 +416,6 @@ class ShardCache:
         unclaiming the shard). Returns False only when a prefetch declines (no room without
         hurting the schedule).
         """
-        shard = self._manifest.shards[i]
         failed = self._failed.get(i)
         if failed is not None:
             raise failed()
