@@ -25,7 +25,8 @@ from stoker.loader.convert import stack_features, table_to_batch
 from stoker.loader.errors import WorkerError
 from stoker.loader.fastpath import FastPlan, NotZeroCopy, ShardData
 from stoker.loader.images import ImageOptions, decode_into
-from stoker.loader import rowmajor, warmup
+from stoker.loader import warmup
+from stoker.loader.record_table import RecordTable
 from stoker.loader.ring import BufferRing
 from stoker.loader.shard_records import ShardRecords
 from stoker.manifest import Manifest, ManifestError, StokerError, redact_url
@@ -229,7 +230,7 @@ class ArrowSource:
 
     # -- row-major records (stoker.loader.shard_records) --------------------------------------
     @property
-    def _records(self) -> rowmajor.RecordTable | None:
+    def _records(self) -> RecordTable | None:
         return self._rm.table if self._rm is not None else None
 
     def wait_row_major(self) -> None:

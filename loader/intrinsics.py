@@ -8,7 +8,7 @@
   0.16 -> 0.09 ms per W1 batch of 1024 rows, bench/RESULTS.md "Loader").
 
 Both are plain machine operations; the callers own the safety argument (the addresses are of
-live arrays, see :class:`stoker.loader.rowmajor.RecordTable`).
+live arrays, see :class:`stoker.loader.record_table.RecordTable`).
 """
 
 from __future__ import annotations

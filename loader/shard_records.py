@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from stoker.loader import rowmajor
 from stoker.loader.record_store import RecordStore
+from stoker.loader.record_table import RecordTable
 
 if TYPE_CHECKING:
     from stoker.loader.fastpath import FastPlan, ShardData
@@ -53,7 +54,7 @@ class ShardRecords:
                  current: Callable[[int, ShardData], bool]) -> None:
         self.mode = rowmajor.resolve_mode(row_major)  # bytes; 0: off, -1: unbounded
         self.store_dir = store_dir
-        self.table: rowmajor.RecordTable | None = None  # set when the first shard opens
+        self.table: RecordTable | None = None  # set when the first shard opens
         self.owner_pid = os.getpid()
         self._plan, self._manifest = plan, manifest
         self._lock, self._current = lock, current
@@ -78,7 +79,7 @@ class ShardRecords:
                 if layout is None:
                     self.mode = 0
                     return
-                self.table = rowmajor.RecordTable(layout, self._manifest.num_shards)
+                self.table = RecordTable(layout, self._manifest.num_shards)
             if self.mode > 0 and self._store is None and os.getpid() != self.owner_pid:
                 return  # "auto" in a forked worker: N workers would hold N private copies
             nbytes = int(data.starts[-1]) * self.table.layout.stride

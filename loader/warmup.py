@@ -87,6 +87,7 @@ def _run(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
     the kernels that build records."""
     from stoker.loader import rowmajor
     from stoker.loader.fastpath import ShardData
+    from stoker.loader.record_table import RecordTable
     from stoker.loader.ring import BufferRing
 
     _order()
@@ -99,7 +100,7 @@ def _run(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
         try:
             layout = rowmajor.RecordLayout.of(plan, batches) if row_major else None
             if layout is not None:
-                table = rowmajor.RecordTable(layout, 1)
+                table = RecordTable(layout, 1)
                 table.add(0, np.zeros((2, layout.stride), dtype=np.uint8))
                 table.gather(one, np.array([0, 2], dtype=np.int64), slot, kernel=True)
             plan.run([(data, one, one, one)], 1, slot, lambda cols: {c: None for c in cols})

@@ -205,12 +205,12 @@ def test_auto_builds_no_copies_in_forked_workers(dataset: Manifest) -> None:
 WARM_SCRIPT = """
 import sys
 import numpy as np
-from stoker.loader import kernels, rowmajor, warmup
+from stoker.loader import kernels, record_table, rowmajor, warmup
 from stoker.loader.arrow_source import ArrowSource
 from stoker.manifest import Manifest
 
 kernels_ = [kernels.gather_fixed, kernels.gather_list, kernels.var_lengths,
-            kernels.gather_binary, kernels.copy_fixed, rowmajor._gather]
+            kernels.gather_binary, kernels.copy_fixed, record_table._gather]
 src = ArrowSource(Manifest.load(sys.argv[1]), features=["f0", "f1", "f2"],
                   categoricals=["c0", "c1"], row_major=True)
 warmup.wait()
