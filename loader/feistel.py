@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from stoker.loader.jit import kernel
+from stoker.loader.search import last_at_or_below
 
 __all__ = [
     "ROUNDS",
@@ -239,15 +240,7 @@ def feistel(x, n, bits, key):  # type: ignore[no-untyped-def]
 @kernel
 def _find_piece(piece_pos, t):  # type: ignore[no-untyped-def]
     """Index of the last piece starting at or before stream position ``t``."""
-    lo = 0
-    hi = piece_pos.shape[0]
-    while hi - lo > 1:
-        mid = (lo + hi) >> 1
-        if piece_pos[mid] <= t:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return last_at_or_below(piece_pos, t, 0, piece_pos.shape[0])
 
 
 @kernel
@@ -263,18 +256,6 @@ def _stream_pos(k, P, K, bits_k, q, rem, pkeys):  # type: ignore[no-untyped-def]
     bkey = mix64(pkeys[p] + np.uint64(b + 1) * _U_GOLDEN)
     bits = bits_k if blen == K else _bits(blen)
     return start + b * K + feistel(o, blen, bits, bkey)
-
-
-@kernel
-def _find_piece_in(piece_pos, t, lo, hi):  # type: ignore[no-untyped-def]
-    """Like :func:`_find_piece`, knowing the answer lies in ``[lo, hi)``."""
-    while hi - lo > 1:
-        mid = (lo + hi) >> 1
-        if piece_pos[mid] <= t:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 @kernel
@@ -302,7 +283,7 @@ def order_range(start, stop, step, P, K, q, rem, pkeys,  # type: ignore[no-untyp
             lo[p] = _find_piece(piece_pos, s0)
             hi[p] = _find_piece(piece_pos, s0 + blen - 1) + 1
         t = _stream_pos(k, P, K, bits_k, q, rem, pkeys)
-        c = _find_piece_in(piece_pos, t, lo[p], hi[p])
+        c = last_at_or_below(piece_pos, t, lo[p], hi[p])
         out[i] = piece_gid[c] + (t - piece_pos[c])
     return out
 

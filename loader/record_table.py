@@ -20,6 +20,7 @@ from stoker.loader import warmup
 from stoker.loader.intrinsics import pointer, prefetch
 from stoker.loader.jit import kernel
 from stoker.loader.rowmajor import Field, RecordLayout
+from stoker.loader.search import last_at_or_below
 
 if TYPE_CHECKING:
     from stoker.loader.ring import Slot
@@ -46,14 +47,7 @@ def _gather(ids, starts, addrs, stride, offsets, sizes,  # type: ignore[no-untyp
     t = 0
     for i in range(n):
         g = ids[i]
-        lo = 0
-        hi = last
-        while hi - lo > 1:
-            mid = (lo + hi) >> 1
-            if starts[mid] <= g:
-                lo = mid
-            else:
-                hi = mid
+        lo = last_at_or_below(starts, g, 0, last)
         a = addrs[lo]
         if a == 0:
             src[i] = 0
