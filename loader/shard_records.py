@@ -127,16 +127,19 @@ class ShardRecords:
             if not self._current(index, data):  # closed meanwhile (budget already released)
                 return
         try:
-            records = self._records_of(index, data, misfits, name)
+            records, built = self._records_of(index, data, misfits, name)
         except Exception as exc:  # noqa: BLE001 - the column path still serves this shard
             logger.warning("row-major copy of shard %d failed (%s: %s); its batches use the "
                            "column path", index, type(exc).__name__, exc)
-            records = None
+            records, built = None, False
         with self._lock:
             if records is None or not self._current(index, data):
                 self._budget.release(self._bytes.pop(index, 0))
-            else:
-                table.add(index, records, misfits)
+                return
+            table.add(index, records, misfits)
+        if built and self._store is not None and name is not None:
+            # after add: the save then swaps the served records for the file's mapping
+            self._pools()[1].submit(self._save, self._store, name, index, data, records)
 
     def _open_store(self) -> RecordStore | None:
         if self.store_dir is None:
@@ -149,23 +152,21 @@ class ShardRecords:
             return None
 
     def _records_of(self, index: int, data: ShardData, misfits: list[str],
-                    name: str | None) -> np.ndarray | None:
-        """Mapped from the store's file ``name``, else built in memory (and, in the process
-        that owns the source, saved in the background). ``None`` in a forked worker when the
-        store has none (N workers would build N private copies)."""
+                    name: str | None) -> tuple[np.ndarray | None, bool]:
+        """``(records, built in memory)``: mapped from the store's file ``name``, else built
+        (the caller saves them); ``None`` in a forked worker when the store has none (N
+        workers would build N private copies)."""
         layout = self.table.layout  # type: ignore[union-attr]
         store = self._store
         if store is None or name is None:
-            return rowmajor.build(layout, data, misfits)
+            return rowmajor.build(layout, data, misfits), True
         rows = int(data.starts[-1])
         found = store.open(name, rows * layout.stride)
         if found is not None:
-            return found.reshape(rows, layout.stride)
+            return found.reshape(rows, layout.stride), False
         if self.mode > 0 and os.getpid() != self.owner_pid:
-            return None
-        records = rowmajor.build(layout, data, misfits)
-        self._pools()[1].submit(self._save, store, name, index, data, records)
-        return records
+            return None, False
+        return rowmajor.build(layout, data, misfits), True
 
     def _save(self, store: RecordStore, name: str, index: int, data: ShardData,
               records: np.ndarray) -> None:
