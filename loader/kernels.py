@@ -10,6 +10,11 @@ so reads walk memory forwards and the hardware prefetcher helps.
 Column descriptions (``meta``) hold *byte* offsets into the arena, ``-1`` for "no validity
 bitmap", and the Arrow array offset (sliced arrays), per record batch.
 
+The same ten-way switch on the physical type code appears in :func:`_dispatch`,
+:func:`copy_fixed` and :func:`gather_list` on purpose: each branch must call its helper with a
+differently typed view, and the one generic alternative, passing the helper as a function
+argument, makes Numba refuse ``cache=True`` (numba/numba#6251), which the start-up time needs.
+
 Null rule (documented for users): a null numeric value is written as 0 (``False`` for bool,
 0 for categorical codes); a null list is empty (its lengths entry is 0); a null binary or
 string value is ``None`` in the batch's list (``var_lengths`` marks it -1). This is what the
