@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -54,3 +55,35 @@ def mixed_table(n: int, start: int, seed: int) -> pa.Table:
         "name": [f"s{i}" for i in ids],
         "pt": pa.array([{"a": int(i)} for i in ids], pa.struct([("a", pa.int64())])),
     })
+
+
+def random_array(t: pa.DataType, n: int, rng: np.random.Generator, nulls: float) -> pa.Array:
+    """``n`` random values of ``t`` (nulls at rate ``nulls``; NaNs in floats, ragged lists,
+    random bytes for binary and hex for strings)."""
+    mask = rng.random(n) < nulls
+    if pa.types.is_dictionary(t):
+        codes = pa.array(rng.integers(0, 3, n).astype(np.int32), mask=mask)
+        return pa.DictionaryArray.from_arrays(codes, pa.array(["a", "b", "c"]))
+    if pa.types.is_boolean(t):
+        return pa.array(rng.random(n) < 0.5, mask=mask)
+    if pa.types.is_date32(t) or pa.types.is_timestamp(t):
+        storage = pa.int32() if pa.types.is_date32(t) else pa.int64()
+        return pa.array(rng.integers(-1000, 10**6, n), storage, mask=mask).view(t)
+    if pa.types.is_floating(t):
+        v = rng.standard_normal(n) * 1e6
+        v[rng.random(n) < 0.05] = np.nan
+        return pa.array(v.astype(t.to_pandas_dtype()), mask=mask)
+    if pa.types.is_integer(t):
+        info = np.iinfo(t.to_pandas_dtype())
+        return pa.array(rng.integers(info.min, info.max, n, dtype=t.to_pandas_dtype(),
+                                     endpoint=True), mask=mask)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        lens = rng.integers(0, 5, n)
+        child = random_array(t.value_type, int(lens.sum()), rng, nulls)
+        items = child.to_pylist()
+        pos = np.concatenate([[0], np.cumsum(lens)])
+        return pa.array([None if m else items[pos[i]:pos[i + 1]] for i, m in enumerate(mask)], t)
+    lens = rng.integers(0, 6, n)
+    raw = [bytes(rng.integers(0, 256, k, dtype=np.uint8)) for k in lens]
+    vals: list[Any] = [r.hex() for r in raw] if pa.types.is_string(t) else raw
+    return pa.array([None if m else v for v, m in zip(vals, mask)], t)

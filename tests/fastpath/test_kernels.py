@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -10,8 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stoker.loader.fastpath import FastPlan, ShardData
-from stoker.loader.ring import BufferRing
+sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importlib mode)
+
+from fastpath_helpers import random_array  # noqa: E402
+
+from stoker.loader.fastpath import FastPlan, ShardData  # noqa: E402
+from stoker.loader.ring import BufferRing  # noqa: E402
 
 FIXED = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(),
          pa.uint64(), pa.float32(), pa.float64(), pa.bool_(), pa.date32(), pa.timestamp("ms"),
@@ -20,43 +26,13 @@ LISTS = [pa.list_(pa.float32()), pa.large_list(pa.int16()), pa.list_(pa.float64(
 VARS = [pa.binary(), pa.large_binary(), pa.string()]
 
 
-def _values(t: pa.DataType, n: int, rng: np.random.Generator, nulls: float) -> pa.Array:
-    mask = rng.random(n) < nulls
-    if pa.types.is_dictionary(t):
-        codes = pa.array(rng.integers(0, 3, n).astype(np.int32), mask=mask)
-        return pa.DictionaryArray.from_arrays(codes, pa.array(["a", "b", "c"]))
-    if pa.types.is_boolean(t):
-        return pa.array(rng.random(n) < 0.5, mask=mask)
-    if pa.types.is_date32(t) or pa.types.is_timestamp(t):
-        storage = pa.int32() if pa.types.is_date32(t) else pa.int64()
-        return pa.array(rng.integers(-1000, 10**6, n), storage, mask=mask).view(t)
-    if pa.types.is_floating(t):
-        v = rng.standard_normal(n) * 1e6
-        v[rng.random(n) < 0.05] = np.nan
-        return pa.array(v.astype(t.to_pandas_dtype()), mask=mask)
-    if pa.types.is_integer(t):
-        info = np.iinfo(t.to_pandas_dtype())
-        return pa.array(rng.integers(info.min, info.max, n, dtype=t.to_pandas_dtype(),
-                                     endpoint=True), mask=mask)
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        lens = rng.integers(0, 5, n)
-        child = _values(t.value_type, int(lens.sum()), rng, nulls)
-        items = child.to_pylist()
-        pos = np.concatenate([[0], np.cumsum(lens)])
-        return pa.array([None if m else items[pos[i]:pos[i + 1]] for i, m in enumerate(mask)], t)
-    lens = rng.integers(0, 6, n)
-    raw = [bytes(rng.integers(0, 256, k, dtype=np.uint8)) for k in lens]
-    vals: list[Any] = [r.hex() for r in raw] if pa.types.is_string(t) else raw
-    return pa.array([None if m else v for v, m in zip(vals, mask)], t)
-
-
 def _shard(types: list[pa.DataType], rows: list[int], rng: np.random.Generator, nulls: float,
            skew: int) -> list[pa.RecordBatch]:
     """Record batches whose arrays are slices (non-zero Arrow offsets) of longer arrays."""
     names = [f"c{i}" for i in range(len(types))]
     out = []
     for n in rows:
-        arrays = [_values(t, n + skew, rng, nulls).slice(skew, n) for t in types]
+        arrays = [random_array(t, n + skew, rng, nulls).slice(skew, n) for t in types]
         out.append(pa.RecordBatch.from_arrays(arrays, names=names))
     return out
 

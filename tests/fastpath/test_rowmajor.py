@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importlib mode)
 
-from fastpath_helpers import write_dataset  # noqa: E402
+from fastpath_helpers import random_array, write_dataset  # noqa: E402
 
 from stoker.loader import DataLoader, rowmajor  # noqa: E402
 from stoker.loader.arrow_source import ArrowSource  # noqa: E402
@@ -28,30 +28,11 @@ FEATURE_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.u
 CAT_TYPES = [pa.int8(), pa.int32(), pa.int64(), pa.uint16(), pa.dictionary(pa.int32(), pa.string())]
 
 
-def _column(t: pa.DataType, n: int, rng: np.random.Generator, nulls: float) -> pa.Array:
-    mask = rng.random(n) < nulls
-    if pa.types.is_dictionary(t):
-        codes = pa.array(rng.integers(0, 3, n).astype(np.int32), mask=mask)
-        return pa.DictionaryArray.from_arrays(codes, pa.array(["a", "b", "c"]))
-    if pa.types.is_boolean(t):
-        return pa.array(rng.random(n) < 0.5, mask=mask)
-    if pa.types.is_date32(t) or pa.types.is_timestamp(t):
-        storage = pa.int32() if pa.types.is_date32(t) else pa.int64()
-        return pa.array(rng.integers(-1000, 10**6, n), storage, mask=mask).view(t)
-    if pa.types.is_floating(t):
-        v = rng.standard_normal(n) * 1e6
-        v[rng.random(n) < 0.05] = np.nan
-        return pa.array(v.astype(t.to_pandas_dtype()), mask=mask)
-    info = np.iinfo(t.to_pandas_dtype())
-    return pa.array(rng.integers(info.min, info.max, n, dtype=t.to_pandas_dtype(),
-                                 endpoint=True), mask=mask)
-
-
 def _list(n: int, width: int, rng: np.random.Generator, list_nulls: float,
           value_nulls: float, ragged: bool) -> pa.Array:
     """list<float32>: ``width`` values per row (``ragged``: 0..width), nulls at both levels."""
     lens = rng.integers(0, width + 1, n) if ragged else np.full(n, width)
-    values = _column(pa.float32(), int(lens.sum()), rng, value_nulls).to_pylist()
+    values = random_array(pa.float32(), int(lens.sum()), rng, value_nulls).to_pylist()
     pos = np.concatenate([[0], np.cumsum(lens)])
     mask = rng.random(n) < list_nulls
     return pa.array([None if m else values[pos[i]:pos[i + 1]] for i, m in enumerate(mask)],
@@ -65,8 +46,8 @@ def _tables(features: list[pa.DataType], cats: list[pa.DataType], sizes: list[in
     out = []
     for n in sizes:
         cols: dict[str, pa.Array] = {"id": pa.array(np.arange(start, start + n))}
-        cols.update({f"f{j}": _column(t, n, rng, nulls) for j, t in enumerate(features)})
-        cols.update({f"c{j}": _column(t, n, rng, nulls) for j, t in enumerate(cats)})
+        cols.update({f"f{j}": random_array(t, n, rng, nulls) for j, t in enumerate(features)})
+        cols.update({f"c{j}": random_array(t, n, rng, nulls) for j, t in enumerate(cats)})
         cols["seq"] = _list(n, seq[0], rng, *seq[1:])
         out.append(pa.table(cols))
         start += n
