@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cache_disk import disk_use
 
 from stoker.cache import CacheLimitError, ShardCache
 from stoker.manifest import hash_file
@@ -106,23 +107,6 @@ def test_prefetch_fills_ahead_of_need_without_breaking_belady(dataset, tmp_path:
         assert cache.stats().hits == 3
 
 
-def _disk_use(directory: str) -> tuple[int, int]:
-    """(committed bytes, committed + in-flight bytes) as a reader of the disk sees them."""
-    committed = inflight = 0
-    for sub in ("shards", "quarantine", "tmp"):
-        with os.scandir(os.path.join(directory, sub)) as it:
-            for entry in it:
-                try:
-                    n = entry.stat().st_size
-                except FileNotFoundError:
-                    continue
-                if sub == "tmp":
-                    inflight += n
-                else:
-                    committed += n
-    return committed, committed + inflight
-
-
 def test_disk_use_stays_within_limit_plus_allowance(dataset, tmp_path: Path) -> None:
     root, manifest = dataset(n_shards=12, rows=600)
     limit = int(manifest.shard_bytes.max()) * 4
@@ -133,7 +117,7 @@ def test_disk_use_stays_within_limit_plus_allowance(dataset, tmp_path: Path) -> 
                     prefetch_ahead=6) as cache:
         def sample() -> None:
             while not stop.is_set():
-                samples.append(_disk_use(cache.directory))
+                samples.append(disk_use(cache.directory))
 
         sampler = threading.Thread(target=sample)
         sampler.start()

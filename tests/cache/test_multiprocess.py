@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from cache_disk import disk_use
 from fault_server import Fault
 
 from stoker.cache import RetryPolicy, ShardCache
@@ -159,23 +160,8 @@ def test_processes_share_one_budget(dataset, tmp_path) -> None:
     stop = threading.Event()
 
     def sample() -> None:
-        d = cache_dir / manifest.fingerprint
         while not stop.is_set():
-            sizes = {}
-            for sub in ("shards", "quarantine", "tmp"):
-                try:
-                    entries = list(os.scandir(d / sub))
-                except FileNotFoundError:
-                    entries = []
-                total = 0
-                for e in entries:
-                    try:
-                        total += e.stat().st_size
-                    except FileNotFoundError:
-                        pass
-                sizes[sub] = total
-            committed = sizes["shards"] + sizes["quarantine"]
-            samples.append((committed, committed + sizes["tmp"]))
+            samples.append(disk_use(cache_dir / manifest.fingerprint))
 
     sampler = threading.Thread(target=sample)
     sampler.start()

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cache_disk import disk_use
 from fault_helpers import Figures, Stopwatch, expected_ids, ids_of, make_dataset, trials
 
 from stoker.cache import ShardCache
@@ -32,22 +33,7 @@ class DiskSampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            committed = inflight = 0
-            for sub in ("shards", "quarantine", "tmp"):
-                try:
-                    entries = list(os.scandir(self.root / sub))
-                except FileNotFoundError:
-                    continue
-                for e in entries:
-                    try:
-                        n = e.stat().st_size
-                    except FileNotFoundError:
-                        continue
-                    if sub == "tmp":
-                        inflight += n
-                    else:
-                        committed += n
-            self.samples.append((time.monotonic(), committed, committed + inflight))
+            self.samples.append((time.monotonic(), *disk_use(self.root)))
             self._stop.wait(0.01)
 
     def __enter__(self) -> "DiskSampler":
