@@ -97,11 +97,12 @@ def check_batch(batch: Any) -> None:
             raise AssertionError(f"corrupted blob of sample {i}")
 
 
-def expected_ids(path: Any, **kw: Any) -> list[int]:
-    """The uninterrupted sequence of one epoch of a local loader with options ``kw``."""
+def expected_ids(path: Any, epoch: int = 0, **kw: Any) -> list[int]:
+    """The uninterrupted sequence of epoch ``epoch`` of a local loader with options ``kw``."""
     from stoker.loader import DataLoader
 
     dl = DataLoader(path, **kw)
+    dl.set_epoch(epoch)
     try:
         return ids_of(dl)
     finally:

@@ -8,7 +8,6 @@ case 7 runs each refusal once.
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 
 import pytest

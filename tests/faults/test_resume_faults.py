@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import random
 import signal
 import subprocess

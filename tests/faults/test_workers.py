@@ -43,7 +43,7 @@ def dataset(tmp_path_factory) -> Path:
 def test_killed_worker_is_restarted_and_the_sequence_continues(
         pin_memory: bool, persistent: bool, dataset: Path, after_trial, tmp_path: Path) -> None:
     epochs = 2 if persistent else 1
-    expected = [_epoch_ids(dataset, e) for e in range(epochs)]
+    expected = [expected_ids(dataset, e, **KW) for e in range(epochs)]
     figures = Figures(f"12 SIGKILL a worker (pin={pin_memory}, persistent={persistent})")
     rng = random.Random(f"{pin_memory}{persistent}")
     for t in range(KILLS):
@@ -76,15 +76,6 @@ def test_killed_worker_is_restarted_and_the_sequence_continues(
         after_trial(ledger=ledger, events=["worker_restart"])
         figures.trial(worst)
     figures.write()
-
-
-def _epoch_ids(root: Path, epoch: int) -> list[int]:
-    dl = DataLoader(root, **KW)
-    dl.set_epoch(epoch)
-    try:
-        return ids_of(dl)
-    finally:
-        dl.close()
 
 
 def _timed(dl):
