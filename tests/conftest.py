@@ -1,6 +1,7 @@
-"""Suite-wide settings: row-major record files go to a per-run temporary directory.
+"""Suite-wide settings: ``tests/support`` (helpers several test folders share) is importable,
+and row-major record files go to a per-run temporary directory.
 
-Without this, every DataLoader a test builds would keep its records under the user's
+Without the second, every DataLoader a test builds would keep its records under the user's
 ``~/.cache/stoker/row-major`` (the default, see stoker.loader.record_store); tests that check
 the store itself pass their own directory.
 """
@@ -9,10 +10,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
+from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 _RECORDS = tempfile.mkdtemp(prefix="stoker-test-row-major-")
 os.environ["STOKER_ROW_MAJOR_DIR"] = _RECORDS  # subprocesses started by tests inherit it

@@ -2,35 +2,18 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from stoker.manifest import Manifest, ShardInfo, hash_file, stoker_version
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 
+from shard_writer import write_dataset  # noqa: E402,F401 - re-exported for the fast-path tests
 
-def write_dataset(root: Path, tables: list[pa.Table], compression: str = "none",
-                  batch_rows: int = 7) -> Manifest:
-    """One shard per table, ``batch_rows`` rows per record batch."""
-    (root / "shards").mkdir(parents=True, exist_ok=True)
-    shards = []
-    for s, table in enumerate(tables):
-        path = f"shards/{s:05d}.arrow"
-        opts = pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
-        batches = table.to_batches(max_chunksize=batch_rows)
-        with pa.OSFile(str(root / path), "wb") as f, \
-                pa.ipc.new_file(f, table.schema, options=opts) as w:
-            for b in batches:
-                w.write_batch(b)
-        digest, size = hash_file(root / path)
-        shards.append(ShardInfo(path, table.num_rows, size, digest,
-                                tuple(b.num_rows for b in batches)))
-    manifest = Manifest.create(schema=tables[0].schema, shards=shards, sources=[], options={},
-                               stoker_version=stoker_version(), compression=compression)
-    manifest.save(root)
-    return Manifest.load(root)
+__all__ = ["mixed_table", "random_array", "write_dataset"]
 
 
 def mixed_table(n: int, start: int, seed: int) -> pa.Table:

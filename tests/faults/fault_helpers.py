@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -17,7 +18,11 @@ from typing import Any, Iterable
 import numpy as np
 import pyarrow as pa
 
-from stoker.manifest import Manifest, ShardInfo, hash_file, stoker_version
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+
+from shard_writer import write_dataset  # noqa: E402
+
+from stoker.manifest import Manifest  # noqa: E402
 
 __all__ = ["Figures", "expected_ids", "ids_of", "make_dataset", "trials"]
 
@@ -52,29 +57,18 @@ def make_dataset(root: Path, shard_rows: Iterable[int], batch_rows: int = 16,
                  payload: int = 32) -> Manifest:
     """Arrow shards whose ``id`` column is the global sample id and whose ``x``/``blob`` columns
     are derived from it, so any corrupted sample is detectable (see :func:`check_batch`)."""
-    (root / "shards").mkdir(parents=True, exist_ok=True)
-    shards, start, schema = [], 0, None
-    for s, n in enumerate(shard_rows):
-        ids = np.arange(start, start + n, dtype=np.int64)
-        start += n
-        table = pa.table({
+    rows = list(shard_rows)
+    starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+    tables = []
+    for s in range(len(rows)):
+        ids = np.arange(starts[s], starts[s + 1], dtype=np.int64)
+        tables.append(pa.table({
             "id": ids,
             "x": (ids * 0.5).astype(np.float32),
             "blob": pa.array([int(i).to_bytes(8, "little") * (payload // 8) for i in ids],
                              pa.binary()),
-        })
-        schema = table.schema
-        rel = f"shards/{s:05d}.arrow"
-        batches = table.to_batches(max_chunksize=batch_rows)
-        with pa.OSFile(str(root / rel), "wb") as f, pa.ipc.new_file(f, schema) as w:
-            for b in batches:
-                w.write_batch(b)
-        digest, size = hash_file(root / rel)
-        shards.append(ShardInfo(rel, n, size, digest, tuple(b.num_rows for b in batches)))
-    manifest = Manifest.create(schema=schema, shards=shards, sources=[], options={},
-                               stoker_version=stoker_version(), compression="none")
-    manifest.save(root)
-    return Manifest.load(root)
+        }))
+    return write_dataset(root, tables, batch_rows=batch_rows)
 
 
 def ids_of(batches: Iterable[Any]) -> list[int]:

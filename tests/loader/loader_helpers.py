@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 import pyarrow as pa
 
-from stoker.loader import DataLoader
-from stoker.manifest import Manifest, ShardInfo, hash_file, stoker_version
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+
+from shard_writer import write_dataset  # noqa: E402
+
+from stoker.loader import DataLoader  # noqa: E402
+from stoker.manifest import Manifest  # noqa: E402
 
 
 def ids_of(batches: Iterable[Any]) -> list[list[int]]:
@@ -79,28 +84,15 @@ def run_with_resume(make: Any, stops: list[int], epochs: int) -> list[int]:
 def make_dataset(root: Path, shard_rows: list[int], compression: str = "none",
                  batch_rows: int = 16) -> Manifest:
     """A dataset whose column ``id`` equals the global sample id (so order is observable)."""
-    (root / "shards").mkdir(parents=True, exist_ok=True)
-    shards, start = [], 0
-    table = None
-    for s, n in enumerate(shard_rows):
-        ids = np.arange(start, start + n, dtype=np.int64)
-        start += n
-        table = pa.table({
+    starts = np.concatenate([[0], np.cumsum(shard_rows)]).astype(np.int64)
+    tables = []
+    for s in range(len(shard_rows)):
+        ids = np.arange(starts[s], starts[s + 1], dtype=np.int64)
+        tables.append(pa.table({
             "id": ids,
             "x": (ids * 0.5).astype(np.float32),
             "y": (ids % 7).astype(np.int32),
             "seq": pa.array([[float(i)] * int(i % 3) for i in ids], pa.list_(pa.float32())),
             "name": [f"s{i}" for i in ids],
-        })
-        path = f"shards/{s:05d}.arrow"
-        opts = pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
-        with pa.OSFile(str(root / path), "wb") as f, pa.ipc.new_file(f, table.schema, options=opts) as w:
-            batches = table.to_batches(max_chunksize=batch_rows) or [table.to_batches()[0]]
-            for b in batches:
-                w.write_batch(b)
-        digest, size = hash_file(root / path)
-        shards.append(ShardInfo(path, n, size, digest, tuple(b.num_rows for b in batches)))
-    manifest = Manifest.create(schema=table.schema, shards=shards, sources=[], options={},
-                               stoker_version=stoker_version(), compression=compression)
-    manifest.save(root)
-    return Manifest.load(root)
+        }))
+    return write_dataset(root, tables, compression, batch_rows)
