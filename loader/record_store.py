@@ -27,6 +27,7 @@ import mmap
 import os
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import xxhash
@@ -111,7 +112,7 @@ class RecordStore:
             os.close(fd)
         data = np.frombuffer(region, dtype=np.uint8) if region is not None else None
         if data is None or xxhash.xxh3_128_digest(data[:nbytes]) != data[nbytes:].tobytes():
-            _unlink(path)  # torn or corrupt: rebuilt by the caller, never served
+            Path(path).unlink(missing_ok=True)  # torn or corrupt: rebuilt by the caller, never served
             return None
         try:
             os.utime(path)  # recency for the size bound
@@ -148,7 +149,7 @@ class RecordStore:
                     f.write(xxhash.xxh3_128_digest(raw))
                 os.replace(tmp, self._path(name))
             except BaseException:
-                _unlink(tmp)
+                Path(tmp).unlink(missing_ok=True)
                 raise
             return True
         finally:
@@ -169,20 +170,13 @@ class RecordStore:
                     continue
                 if entry.name.startswith(_TEMP):
                     if now - st.st_mtime > _ORPHAN_AGE:
-                        _unlink(entry.path)
+                        Path(entry.path).unlink(missing_ok=True)
                     continue  # another process may be writing it now
                 files.append((st.st_mtime, st.st_size, entry.path))
         total = sum(size for _, size, _ in files)
         for _, size, path in sorted(files):
             if total + nbytes <= self.limit:
                 break
-            _unlink(path)
-            _unlink(path + ".lock")  # only ever taken without waiting (see save)
+            Path(path).unlink(missing_ok=True)
+            Path(f"{path}.lock").unlink(missing_ok=True)  # only taken without waiting (save)
             total -= size
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
