@@ -331,28 +331,29 @@ class ArrowSource:
         records for the filled outputs)`` (see :meth:`FastPlan.run`)."""
         assert self._plan is not None  # noqa: S101
         plan = self._plan
-        filled: dict[str, np.ndarray] = {}
+        filled, positions = self._gather_once(ids, slot)
+        if len(positions) and self._open_shards_of(ids[positions]):
+            filled, positions = self._gather_once(ids, slot)  # opened shards map stored records
         rest: list[Any] = []
-        missing = ids
-        for attempt in range(2):
-            table = self._records
-            if table is not None and len(table):
-                filled, positions, touched = table.gather(ids, self._starts, slot)
-                missing = ids[positions]
-                if len(touched):
-                    self._touch(touched)
-            # shards opened now map their stored records at once: gather again
-            if attempt or not len(missing) or not self._open_shards_of(missing):
-                break
-        if table is not None and filled:
-            if len(missing):
-                lists = {f.name for f in table.layout.fields if f.kind == "list"}
-                filled = {name: arr for name, arr in filled.items() if name not in lists}
-                rest = [(data, chunk, row, positions[dest]) for data, chunk, row, dest
-                        in plan.groups(missing, self._starts, self._data_of)]
+        if filled and len(positions):
+            layout = self._records.layout  # type: ignore[union-attr] - filled implies records
+            lists = {f.name for f in layout.fields if f.kind == "list"}
+            filled = {name: arr for name, arr in filled.items() if name not in lists}
+            rest = [(data, chunk, row, positions[dest]) for data, chunk, row, dest
+                    in plan.groups(ids[positions], self._starts, self._data_of)]
         others = any(o.name not in filled for o in plan.outputs)
         groups = plan.groups(ids, self._starts, self._data_of) if others else []
         return filled, groups, rest
+
+    def _gather_once(self, ids: np.ndarray, slot: Any) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Record-served outputs of ``ids`` and the batch positions of rows without records."""
+        table = self._records
+        if table is None or not len(table):
+            return {}, np.arange(len(ids))
+        filled, positions, touched = table.gather(ids, self._starts, slot)
+        if len(touched):
+            self._touch(touched)
+        return filled, positions
 
     def _open_shards_of(self, ids: np.ndarray) -> bool:
         """Open the shards of ``ids`` that are not open; whether there were any."""
