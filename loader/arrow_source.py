@@ -29,7 +29,7 @@ from stoker.loader import warmup
 from stoker.loader.record_table import RecordTable
 from stoker.loader.ring import BufferRing
 from stoker.loader.shard_records import ShardRecords
-from stoker.manifest import Manifest, ManifestError, StokerError, redact_url
+from stoker.manifest import Manifest, ManifestError, StokerError, redact_url, resolve_inside
 
 __all__ = ["ArrowSource", "ShardOpener"]
 
@@ -155,7 +155,9 @@ class ArrowSource:
         if "://" in location and not location.startswith("file://"):
             raise ManifestError(f"{redact_url(location)}: remote shards need a cache; pass "
                                 "cache_dir=... to the DataLoader.")
-        return nullcontext(location.removeprefix("file://"))
+        root = (self.manifest.root or ".").removeprefix("file://")
+        return nullcontext(resolve_inside(root, self.manifest.shards[index].path,
+                                          f"shards[{index}].path"))
 
     def _table(self, index: int) -> pa.Table:
         """Shard ``index`` as a table, opening (and pinning) it if needed.

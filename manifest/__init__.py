@@ -13,7 +13,8 @@ from stoker.manifest.manifest import (
     compute_fingerprint,
     describe_schema,
 )
-from stoker.manifest.paths import check_relative_path, is_url, join_location, redact_url
+from stoker.manifest.path_rules import check_relative_path, path_problem, resolve_inside
+from stoker.manifest.paths import is_url, join_location, redact_url
 from stoker.manifest.version import stoker_version
 from stoker.manifest.webdataset_columns import (
     KEY_COLUMN,
@@ -50,7 +51,9 @@ __all__ = [
     "is_url",
     "join_location",
     "parse_members",
+    "path_problem",
     "redact_url",
+    "resolve_inside",
     "samples_to_table",
     "stoker_version",
     "tar_schema",

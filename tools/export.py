@@ -30,7 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stoker.manifest import Manifest, ShardIntegrityError, StokerError, hash_bytes
+from stoker.manifest import (Manifest, ShardIntegrityError, StokerError, hash_bytes, path_problem,
+                             resolve_inside)
 
 __all__ = ["EXPORT_FORMATS", "ExportError", "export"]
 
@@ -92,8 +93,9 @@ def _shard_tables(manifest: Manifest) -> Iterator[tuple[int, pa.Table]]:
         finally:
             source.close()
         return
+    root = (manifest.root or ".").removeprefix("file://")
     for i, info in enumerate(manifest.shards):
-        path = manifest.shard_location(i).removeprefix("file://")
+        path = resolve_inside(root, info.path, f"shards[{i}].path")
         data = Path(path).read_bytes()
         if len(data) != info.bytes or hash_bytes(data) != info.xxh3_128:
             raise ShardIntegrityError(f"{path}: does not match the manifest (size or xxh3-128); "
@@ -127,8 +129,20 @@ def _write_tar(f: Any, table: pa.Table, first_id: int) -> None:
                                       "null and WebDataset has no nulls; fill the value or "
                                       "export with --to parquet.")
                 data = _encode(values[i], t)
-                info = tarfile.TarInfo(f"{key}.{name}")
+                info = tarfile.TarInfo(_member_name(key, name, first_id + i))
                 info.size, info.mtime, info.mode = len(data), 0, 0o644
                 info.uid = info.gid = 0
                 info.uname = info.gname = ""
                 tar.addfile(info, io.BytesIO(data))
+
+
+def _member_name(key: Any, column: str, sample: int) -> str:
+    """``KEY.COLUMN``, held to the manifest's path rule (stoker.manifest.path_rules): a key or
+    column name from the data must not make a member that unpacks outside the target."""
+    name = f"{key}.{column}"
+    problem = path_problem(name)
+    if problem is not None:
+        raise ExportError(f"sample {sample}: the tar member name {name!r} (key {key!r}, column "
+                          f"{column!r}) has {problem}, so unpacking the tar could write outside "
+                          "its directory. Rename the key or column, or export with --to parquet.")
+    return name
