@@ -8,13 +8,13 @@ from typing import Any
 
 from stoker.manifest import Manifest, ManifestError
 
-__all__ = ["check_local_shards", "check_torch_args", "is_remote"]
+__all__ = ["check_local_shards", "check_sampling_args", "check_worker_args", "check_worker_mode",
+           "is_remote"]
 
 
-def check_torch_args(batch_size: int | None, shuffle: bool | None, sampler: Any,
-                      batch_sampler: Any, drop_last: bool, num_workers: int, timeout: float,
-                      prefetch_factor: int | None, persistent_workers: bool) -> None:
-    """The same argument checks (and messages) as torch's DataLoader."""
+def check_worker_args(num_workers: int, timeout: float, prefetch_factor: int | None,
+                      persistent_workers: bool) -> None:
+    """torch's first checks (and messages), made before any attribute is set."""
     if num_workers < 0:
         raise ValueError("num_workers option should be non-negative; use num_workers=0 to "
                          "disable multiprocessing.")
@@ -28,17 +28,44 @@ def check_torch_args(batch_size: int | None, shuffle: bool | None, sampler: Any,
         raise ValueError("prefetch_factor option should be non-negative")
     if persistent_workers and num_workers == 0:
         raise ValueError("persistent_workers option needs num_workers > 0")
+
+
+def check_sampling_args(iterable: bool, batch_size: int | None, shuffle: bool | None,
+                        sampler: Any, batch_sampler: Any, drop_last: bool) -> None:
+    """torch's checks of the sampling arguments (same order and messages)."""
+    if iterable:
+        if shuffle not in {False, None}:
+            raise ValueError("DataLoader with IterableDataset: expected unspecified shuffle "
+                             f"option, but got shuffle={shuffle}")
+        if sampler is not None:
+            raise ValueError("DataLoader with IterableDataset: expected unspecified sampler "
+                             f"option, but got sampler={sampler}")
+        if batch_sampler is not None:
+            raise ValueError("DataLoader with IterableDataset: expected unspecified "
+                             f"batch_sampler option, but got batch_sampler={batch_sampler}")
     if sampler is not None and shuffle:
         raise ValueError("sampler option is mutually exclusive with shuffle")
     if batch_sampler is not None:
         if batch_size != 1 or shuffle or sampler is not None or drop_last:
             raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
                              "shuffle, sampler, and drop_last")
-    elif batch_size is not None and batch_size < 1:
-        raise ValueError(f"batch_size should be a positive integer or None, got {batch_size!r}")
-    if batch_size is None and drop_last:
-        raise ValueError("batch_size=None option disables auto-batching and is mutually "
-                         "exclusive with drop_last")
+    elif batch_size is None:
+        if drop_last:
+            raise ValueError("batch_size=None option disables auto-batching and is mutually "
+                             "exclusive with drop_last")
+    elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError("batch_size should be a positive integer value, but got "
+                         f"batch_size={batch_size}")
+
+
+def check_worker_mode(mode: str | None, generic: bool) -> str:
+    """The worker mode to use: ``mode``, else processes for a generic (map-style or iterable)
+    torch dataset and threads for a stoker dataset (see the README's "Worker modes")."""
+    if mode is None:
+        return "process" if generic else "thread"
+    if mode not in ("thread", "process"):
+        raise ValueError(f"worker_mode={mode!r} is not supported; use 'thread' or 'process'")
+    return mode
 
 
 def check_local_shards(manifest: Manifest) -> None:

@@ -6,38 +6,48 @@ epoch, order options); batches are computed by workers and yielded in sequence o
 ``state_dict()`` / ``load_state_dict()`` resume with exactly the next sample, also with another
 ``num_workers`` or world size. With a user ``sampler`` / ``batch_sampler`` the order is the
 sampler's, exactly as in torch.
+
+It is a ``torch.utils.data.DataLoader`` subclass (frameworks check ``isinstance`` before they
+wrap, re-shard or move a loader) that replaces torch's iteration with stoker's; torch's
+``__init__`` is not run, its argument checks, warnings and attribute guards are kept.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, Sampler
+from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data._utils.collate import default_collate, default_convert
 
 from stoker.loader import warmup
-from stoker.loader.args import check_local_shards, check_torch_args, is_remote
+from stoker.loader.args import (check_local_shards, check_sampling_args, check_worker_args,
+                                check_worker_mode, is_remote)
+from stoker.loader.distributed import resolve_world
 from stoker.loader.arrow_source import ArrowSource
 from stoker.loader.epoch_iter import BatchTask, EpochIterator
 from stoker.loader.errors import StateError
 from stoker.loader.images import ImageOptions
+from stoker.loader.loader_world import WorldPlan
 from stoker.loader.order import OrderOptions
 from stoker.loader.record_store import default_dir
-from stoker.loader.schedule import BatchPlan
-from stoker.loader.seed import resolve_seed, resolve_world
+from stoker.loader.samplers import OrderBatchSampler, OrderSampler
+from stoker.loader.seed import resolve_seed, worker_base_seed
 from stoker.loader.state import LoaderState
 from stoker.loader.stats import LoaderStats
 from stoker.loader.torch_source import TorchSource
 from stoker.loader.transfer import Transfer
-from stoker.loader.workers import WorkerPool, make_pool
+from stoker.loader.workers import WorkerPool, WorkerSetup, make_pool
 from stoker.manifest import Manifest, redact_url
 
 __all__ = ["DataLoader"]
 
+T_co = TypeVar("T_co", covariant=True)
 
-class DataLoader:
+
+class DataLoader(WorldPlan, TorchDataLoader[T_co]):
     """Iterable over batches, accepting ``torch.utils.data.DataLoader``'s arguments.
 
     Args beyond torch's:
@@ -48,9 +58,14 @@ class DataLoader:
             int64 ``[B, C]`` (nulls -> 0).
         image: ``ImageOptions``: decode (and augment) a binary column into ``[B, H, W, 3]``.
         transform: a function applied to each whole batch inside the workers.
-        rank, world_size: default from torch.distributed or RANK / WORLD_SIZE.
+        rank, world_size: default resolved when iteration starts: torch.distributed's process
+            group, else RANK (or LOCAL_RANK + NODE_RANK * LOCAL_WORLD_SIZE) / WORLD_SIZE.
         partitions, block_size, partition_mode: order options (see ``OrderOptions``).
-        worker_mode: ``"thread"`` (default) or ``"process"``.
+        worker_mode: ``"thread"`` or ``"process"``; default threads for a stoker dataset (its
+            reads release the GIL), processes for a torch dataset (see README "Worker modes").
+        sample_seeding: seed torch/numpy/random for every dataset call from (seed, epoch,
+            sample), so augmentations do not depend on workers, world size or resume
+            (``stoker.loader.sample_rng``); ``False``: torch's per-worker seeding only.
         device: move batches there (``"cuda"``: pinned host buffers + side-stream copies).
         cache_dir, cache_limit, storage_options: for remote datasets (node-local cache).
         cache_options: further ``ShardCache`` keyword arguments (``retry=RetryPolicy(...)``,
@@ -66,6 +81,11 @@ class DataLoader:
     ``batch_size`` is per rank, as in torch DDP: the global batch is ``batch_size * world_size``.
     """
 
+    # Accelerate's prepare() rebuilds every DataLoader as its own torch loader over
+    # ``.dataset``; stoker already shards by rank (resolved from the process group Accelerate
+    # creates), so it is handed back as it is. Pass device= to have batches moved.
+    _is_accelerate_prepared = True
+
     def __init__(
         self,
         dataset: Any,
@@ -79,12 +99,13 @@ class DataLoader:
         drop_last: bool = False,
         timeout: float = 0,
         worker_init_fn: Callable[[int], None] | None = None,
-        multiprocessing_context: str | None = None,
+        multiprocessing_context: Any = None,
         generator: torch.Generator | None = None,
         *,
         prefetch_factor: int | None = None,
         persistent_workers: bool = False,
         pin_memory_device: str = "",
+        in_order: bool = True,
         seed: int | None = None,
         columns: Sequence[str] | None = None,
         features: Sequence[str] | None = None,
@@ -94,7 +115,8 @@ class DataLoader:
         partitions: int | None = None,
         block_size: int = 0,
         partition_mode: str = "redraw",
-        worker_mode: str = "thread",
+        worker_mode: str | None = None,
+        sample_seeding: bool = True,
         device: str | torch.device | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
@@ -107,22 +129,32 @@ class DataLoader:
         row_major: bool | str = "auto",
         row_major_dir: str | os.PathLike[str] | bool | None = None,
     ) -> None:
-        check_torch_args(batch_size, shuffle, sampler, batch_sampler, drop_last, num_workers,
-                          timeout, prefetch_factor, persistent_workers)
+        check_worker_args(num_workers, timeout, prefetch_factor, persistent_workers)
+        self.num_workers = num_workers
+        self.multiprocessing_context = multiprocessing_context  # torch's property validates
+        check_sampling_args(isinstance(dataset, IterableDataset), batch_size, shuffle, sampler,
+                            batch_sampler, drop_last)
+        auto_collation = batch_size is not None or batch_sampler is not None
+        if batch_sampler is not None:  # as torch: the batch sampler decides
+            batch_size, drop_last = None, False
         self.dataset = dataset
         self.batch_size = batch_size
         self.drop_last = drop_last
-        self.num_workers = num_workers
         self.timeout = timeout
         self.worker_init_fn = worker_init_fn
-        self.multiprocessing_context = multiprocessing_context
-        self.prefetch_factor = 2 if prefetch_factor is None else prefetch_factor
+        self.prefetch_factor = prefetch_factor if num_workers == 0 or prefetch_factor is not None \
+            else 2
+        self._prefetch = self.prefetch_factor or 2
         self.persistent_workers = persistent_workers
+        self.pin_memory, self.pin_memory_device = pin_memory, pin_memory_device
+        self.in_order = bool(in_order)
+        self.generator = generator
         self.transform = transform
-        self.worker_mode = worker_mode
-        if worker_mode not in ("thread", "process"):
-            raise ValueError(f"worker_mode={worker_mode!r} is not supported; use 'thread' or 'process'")
-        self.rank, self.world_size = resolve_world(rank, world_size)
+        self.sample_seeding = bool(sample_seeding)
+        self.worker_mode = check_worker_mode(
+            worker_mode, not isinstance(dataset, (str, os.PathLike, Manifest)))
+        self._world_arg = (rank, world_size)
+        self._world: tuple[int, int] | None = None
         self._cache = None
         self._categoricals = categoricals
         self._image = image
@@ -135,51 +167,49 @@ class DataLoader:
         # copied to a GPU (see stoker.loader.transfer)
         wants_gpu = pin_memory or bool(pin_memory_device) or str(device or "").startswith("cuda")
         self._pin_source = bool(wants_gpu) and torch.cuda.is_available()
+        self._source = None
         self._source = self._make_source(dataset, columns, features, collate_fn, batch_size,
-                                         cache_dir, cache_limit, storage_options, partitions)
-        self.sampler = sampler
-        self.batch_sampler = batch_sampler
+                                         auto_collation, cache_dir, cache_limit,
+                                         storage_options, partitions)
         self._mode = "sampler" if (sampler is not None or batch_sampler is not None) else "order"
-        if self._mode == "sampler" and self.world_size > 1:
-            raise ValueError("with a sampler or batch_sampler the sampler decides what each rank "
-                             "reads (e.g. DistributedSampler); leave world_size at 1 or drop the "
-                             "sampler to use stoker's partitioned order.")
+        if self._mode == "sampler":
+            self.sampler = sampler
+            self.batch_sampler = batch_sampler if batch_sampler is not None or batch_size is None \
+                else BatchSampler(sampler, batch_size, drop_last)  # type: ignore[arg-type]
+            if world_size is not None and world_size > 1:
+                raise ValueError("with a sampler or batch_sampler the sampler decides what each "
+                                 "rank reads (e.g. DistributedSampler); leave world_size at 1 or "
+                                 "drop the sampler to use stoker's partitioned order.")
+        else:
+            self.sampler = OrderSampler(self)
+            self.batch_sampler = OrderBatchSampler(self, self.sampler) if auto_collation else None
         self.seed = resolve_seed(seed, generator)
-        shuffle = bool(shuffle)
-        if partitions is None:  # the smallest multiple of world_size >= the documented default
-            partitions = -(-OrderOptions().partitions // self.world_size) * self.world_size
-        self.order_options = OrderOptions(
-            shuffle=shuffle,
-            partitions=partitions,
-            block_size=block_size,
-            partition_mode=partition_mode,
-        ).resolve(self._source.shard_rows)
-        if shuffle and self._mode == "order" and self.order_options.partitions % self.world_size:
-            raise ValueError(f"world_size={self.world_size} must divide partitions="
-                             f"{self.order_options.partitions}; pass partitions= a multiple of "
-                             "every world size you plan to resume with (e.g. 8 or 64).")
-        self._plan = BatchPlan(int(self._source.shard_rows.sum()), (batch_size or 1) * self.world_size,
-                               self.world_size, self.rank, drop_last)
+        self._order_args = (bool(shuffle), partitions, block_size, partition_mode)
         self._epoch = 0
         self._step = 0
+        self._ahead: set[int] = set()  # steps yielded beyond _step (in_order=False)
+        self._loaded: LoaderState | None = None  # a loaded state not yet iterated from
+        self._configure(resolve_world(rank, world_size))
         self._pool: WorkerPool | None = None
         self._active: EpochIterator | None = None
         self._transfer = Transfer(pin_memory=pin_memory or bool(pin_memory_device),
                                   device=device or (pin_memory_device or None),
-                                  depth=self.prefetch_factor)
+                                  depth=self._prefetch)
         self.stats = LoaderStats()
         self._ledger = None
         self._ledger_path = ledger
         self._ledger_ids = ledger_ids
         self._resumed_from: dict[str, Any] | None = None
         self._cache_seen: Any = None  # cache counters already written to the ledger
-        self._task = BatchTask(self._source, self._collate, transform)
+        self._task = BatchTask(self._source, self._collate, transform, self.sample_seeding)
+        self._DataLoader__initialized = True  # torch's guard: batch_size, sampler, ... are fixed
+        self.check_worker_number_rationality()
 
     # -- construction helpers --------------------------------------------------------------
     def _make_source(self, dataset: Any, columns: Sequence[str] | None,
                      features: Sequence[str] | None, collate_fn: Callable[[Any], Any] | None,
-                     batch_size: int | None, cache_dir: Any, cache_limit: Any,
-                     storage_options: Mapping[str, Any] | None,
+                     batch_size: int | None, auto_collation: bool, cache_dir: Any,
+                     cache_limit: Any, storage_options: Mapping[str, Any] | None,
                      partitions: int | None) -> ArrowSource | TorchSource:
         if isinstance(dataset, (str, os.PathLike, Manifest)):
             manifest = dataset if isinstance(dataset, Manifest) else \
@@ -207,8 +237,8 @@ class DataLoader:
                           max_open=max_open, categoricals=self._categoricals,
                           image=self._image, pin=self._pin_source, row_major=self._row_major,
                           row_major_dir=self._row_major_dir,
-                          ring_depth=max(8, self.num_workers * self.prefetch_factor + 3))
-            self._collate = collate_fn
+                          ring_depth=max(8, self.num_workers * self._prefetch + 3))
+            self._collate = self.collate_fn = collate_fn
             return source
         if isinstance(dataset, IterableDataset):
             raise TypeError("IterableDataset is not supported: stoker's order needs random access. "
@@ -222,21 +252,22 @@ class DataLoader:
             raise ValueError("columns=, features=, categoricals= and image= apply to stoker "
                              "datasets only")
         self._collate = None
-        collate = collate_fn or (default_collate if batch_size is not None else default_convert)
-        return TorchSource(dataset, collate, batched=batch_size is not None)
+        self.collate_fn = collate_fn or (default_collate if auto_collation else default_convert)
+        return TorchSource(dataset, self.collate_fn, batched=auto_collation,
+                           seeding=self.sample_seeding)
 
     # -- torch-compatible surface -----------------------------------------------------------
     def __len__(self) -> int:
         if self._mode == "sampler":
-            return len(self._batches_from_sampler())
-        return self._plan.steps_per_epoch
+            return len(self._batches_from_sampler())  # type: ignore[arg-type]
+        return self._configured().steps_per_epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iteration reads; keeps a resumed mid-epoch position."""
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         if epoch != self._epoch:
-            self._epoch, self._step = epoch, 0
+            self._epoch, self._step, self._ahead = epoch, 0, set()
 
     @property
     def epoch(self) -> int:
@@ -245,8 +276,10 @@ class DataLoader:
     def __iter__(self) -> Iterator[Any]:
         if self._active is not None:
             self._active.close()
+        self._configured()  # rank and world size as the process group has them now
         if self._step >= len(self):  # a state saved right at the end of an epoch
-            self._epoch, self._step = self._epoch + 1, 0
+            self._epoch, self._step, self._ahead = self._epoch + 1, 0, set()
+        self._loaded = None
         self._active = EpochIterator(self)
         return self._active
 
@@ -260,12 +293,13 @@ class DataLoader:
 
     def _state(self) -> LoaderState:
         epoch, step = self._position()
+        plan = self._configured()
         return LoaderState(
             fingerprint=self._source.fingerprint, kind=self._source.kind,
-            num_samples=self._plan.num_samples, seed=self.seed, epoch=epoch,
-            step=step, global_batch=self._plan.global_batch, drop_last=self.drop_last,
-            order=self.order_options.to_dict(), world_size=self.world_size, rank=self.rank,
-            mode=self._mode)
+            num_samples=plan.num_samples, seed=self.seed, epoch=epoch,
+            step=step, global_batch=plan.global_batch, drop_last=self.drop_last,
+            order=self.order_options.to_dict(), world_size=plan.world_size, rank=plan.rank,
+            mode=self._mode, ahead=tuple(sorted(self._ahead)) if step == self._step else ())
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch yielded: JSON-plain, small."""
@@ -283,25 +317,27 @@ class DataLoader:
             raise StateError(f"state step {saved.step} is past the end of the epoch "
                              f"({len(self)} steps); the state does not belong to this loader.")
         self._epoch, self._step = self._position()
+        self._ahead = set(saved.ahead)
+        self._loaded = saved
         if self._ledger is not None:
             self._ledger.event("resume", state=saved.to_dict())
         else:  # written when the ledger opens, at the next iteration
             self._resumed_from = saved.to_dict()
 
     # -- internals ---------------------------------------------------------------------------
-    def _batches_from_sampler(self) -> Sequence[Any]:
-        if self.batch_sampler is not None:
-            return self.batch_sampler  # type: ignore[return-value]
-        if self.batch_size is None:
-            return [[i] for i in self.sampler]  # type: ignore[union-attr]
-        return BatchSampler(self.sampler, self.batch_size, self.drop_last)  # type: ignore[arg-type]
+    def _batches_from_sampler(self) -> Any:
+        """What the sampler hands out: batches of indices, or (``batch_size=None``) whatever
+        the sampler yields, each passed to ``dataset[...]`` as it is (as in torch)."""
+        return self.batch_sampler if self.batch_sampler is not None else self.sampler
 
     def _get_pool(self) -> WorkerPool | None:
         if self.num_workers == 0:
             return None
         if self._pool is None:
-            self._pool = make_pool(self._task, self.num_workers, self.worker_mode,
-                                   self.worker_init_fn, self.multiprocessing_context)
+            setup = WorkerSetup(self.num_workers, self.worker_init_fn,
+                                worker_base_seed(self.seed, self._epoch), self.dataset,
+                                self.multiprocessing_context)
+            self._pool = make_pool(self._task, self.worker_mode, setup)
         return self._pool
 
     def _release_pool(self) -> None:
@@ -321,7 +357,10 @@ class DataLoader:
             "world_size": self.world_size, "rank": self.rank, "drop_last": self.drop_last,
             "num_workers": self.num_workers, "worker_mode": self.worker_mode,
             "start_epoch": self._epoch, "kind": self._source.kind, "mode": self._mode,
+            "sample_seeding": self.sample_seeding,
         }
+        if not self.in_order:  # batches are yielded as they are ready: no order contract
+            header["in_order"] = False
         if self._source.kind == "torch":
             header["dataset_len"] = self._plan.num_samples
         self._ledger = LedgerWriter(self._ledger_path, header, ids=self._ledger_ids)

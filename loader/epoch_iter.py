@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from stoker.loader.arrow_source import ArrowSource
+from stoker.loader.failure import add_note
 from stoker.loader.order import EpochOrder
+from stoker.loader.sample_rng import batch_seed
 from stoker.loader.schedule import rank_batch_ids
+from stoker.loader.worker_info import user_code
 
 if TYPE_CHECKING:
     from stoker.loader.dataloader import DataLoader
@@ -29,25 +31,34 @@ _CACHE_EVENTS = (("retry", "retries"), ("restart", "restarts"), ("quarantine", "
 
 class BatchTask:
     """What a worker runs for one batch. Holds no reference to the DataLoader, so worker
-    threads never keep an abandoned loader alive."""
+    threads never keep an abandoned loader alive.
+
+    The user's batch-level code (``collate_fn`` of a stoker dataset, ``transform``) runs as
+    user code (``stoker.loader.worker_info.user_code``), seeded from the batch's ids.
+    """
 
     def __init__(self, source: Any, collate: Callable[[Any], Any] | None,
-                 transform: Callable[[Any], Any] | None) -> None:
+                 transform: Callable[[Any], Any] | None, seeding: bool = True) -> None:
         self.source, self.collate, self.transform = source, collate, transform
+        self.seeding = seeding
 
-    def __call__(self, payload: tuple[np.ndarray, int, int]) -> Any:
-        ids, epoch, seed = payload  # epoch and seed key the per-sample image augmentation
-        batch = self.source.fetch(ids, epoch, seed) if isinstance(self.source, ArrowSource) \
-            else self.source.fetch(ids)
-        if self.collate is not None:
-            batch = self.collate(batch)
-        if self.transform is not None:
-            batch = self.transform(batch)
+    def __call__(self, payload: tuple[Any, int, int]) -> Any:
+        ids, epoch, seed = payload  # epoch and seed key per-sample augmentation and RNG
+        batch = self.source.fetch(ids, epoch, seed)
+        if self.collate is None and self.transform is None:
+            return batch
+        with user_code(self.seeding) as call:
+            call.seed(batch_seed(seed, epoch, ids))
+            if self.collate is not None:
+                batch = self.collate(batch)
+            if self.transform is not None:
+                batch = self.transform(batch)
         return batch
 
 
 class EpochIterator:
-    """One pass over (the rest of) an epoch; yields batches in sequence order."""
+    """One pass over (the rest of) an epoch; yields batches in sequence order (or as they
+    are ready, with ``in_order=False``)."""
 
     _generation = 0
 
@@ -76,21 +87,27 @@ class EpochIterator:
             self._sampler_it = it
             self._ids = None
             self._steps = iter(range(loader._step, len(batches)))
+        self._skip = frozenset(loader._ahead)  # yielded before a resume (in_order=False)
+        self._batched = loader.batch_sampler is not None
         self._pool = loader._get_pool()
-        self._pending: list[tuple[int, np.ndarray]] = []
+        self._pending: list[tuple[int, Any]] = []
         self._submitted = 0
-        depth = loader.num_workers * loader.prefetch_factor
+        depth = loader.num_workers * loader._prefetch
         self._depth = max(depth, 1)
         self._ledger = loader._ledger_writer()
         loader.stats.begin()
 
-    def _next_task(self) -> tuple[int, np.ndarray] | None:
-        step = next(self._steps, None)
-        if step is None:
-            return None
-        if self._ids is not None:
-            return step, self._ids(step)
-        return step, np.asarray(list(next(self._sampler_it)), dtype=np.int64)
+    def _next_task(self) -> tuple[int, Any] | None:
+        """(step, ids): an int64 array, or without auto-collation the sampler's item."""
+        for step in self._steps:
+            if self._ids is not None:
+                if step not in self._skip:
+                    return step, self._ids(step)
+                continue
+            item = next(self._sampler_it)
+            if step not in self._skip:
+                return step, np.asarray(list(item), dtype=np.int64) if self._batched else item
+        return None
 
     def _fill(self) -> None:
         while self._pool is not None and len(self._pending) < self._depth:
@@ -103,35 +120,65 @@ class EpochIterator:
     def __iter__(self) -> "EpochIterator":
         return self
 
+    def _take(self) -> tuple[int, Any, Any] | None:
+        """The next (step, ids, batch): in step order, or with ``in_order=False`` whichever
+        pending batch is ready first (as torch's ``in_order=False``)."""
+        loader = self._loader
+        if self._pool is None:
+            task = self._next_task()
+            if task is None:
+                return None
+            step, ids = task
+            try:
+                return step, ids, loader._task((ids, self._epoch, loader.seed))
+            except Exception as exc:
+                add_note(exc, f"(stoker: in batch {step}, in the main process)")
+                raise
+        self._fill()
+        if not self._pending:
+            return None
+        seqs = [(self._gen, s) for s, _ in self._pending]
+        seq, batch = self._pool.get_any(seqs if not loader.in_order else seqs[:1],
+                                        loader.timeout or None)
+        step, ids = self._pending.pop(seqs.index(seq))
+        for restart in self._pool.take_restarts():
+            if self._ledger is not None:
+                self._ledger.event("worker_restart", **restart)
+        self._fill()
+        return step, ids, batch
+
     def __next__(self) -> Any:
         if self._closed:
             raise StopIteration
         loader = self._loader
         t0 = time.perf_counter()
-        if self._pool is None:
-            task = self._next_task()
-            if task is None:
-                return self._finish()
-            step, ids = task
-            batch = loader._task((ids, self._epoch, loader.seed))
-        else:
-            self._fill()
-            if not self._pending:
-                return self._finish()
-            step, ids = self._pending.pop(0)
-            batch = self._pool.get((self._gen, step), loader.timeout or None)
-            for restart in self._pool.take_restarts():
-                if self._ledger is not None:
-                    self._ledger.event("worker_restart", **restart)
-            self._fill()
+        taken = self._take()
+        if taken is None:
+            return self._finish()
+        step, ids, batch = taken
         batch = loader._transfer(batch)
         waited = time.perf_counter() - t0
+        if not isinstance(ids, np.ndarray):  # a sampler's own item (batch_size=None)
+            ids = np.asarray(ids, dtype=np.int64).ravel() if self._ledger is not None \
+                else np.zeros(np.size(ids), dtype=np.int64)
         between = loader.stats.record(len(ids), waited)
         if self._ledger is not None:
             self._ledger.step(self._epoch, step, loader.rank, ids, waited, between)
             self._cache_events()
-        loader._step = step + 1
+        self._advance(step)
         return batch
+
+    def _advance(self, step: int) -> None:
+        """Record ``step`` as yielded: the loader's position is the first step not yet
+        yielded; steps yielded ahead of it (``in_order=False``) are kept for the state."""
+        loader = self._loader
+        if step != loader._step:
+            loader._ahead.add(step)
+            return
+        loader._step = step + 1
+        while loader._step in loader._ahead:
+            loader._ahead.discard(loader._step)
+            loader._step += 1
 
     def _cache_events(self) -> None:
         """Write what the cache did since the last batch (retries, quarantines, repairs) as
@@ -151,7 +198,7 @@ class EpochIterator:
         loader = self._loader
         self._cache_events()
         if loader._epoch == self._epoch and loader._active is self:
-            loader._epoch, loader._step = self._epoch + 1, 0
+            loader._epoch, loader._step, loader._ahead = self._epoch + 1, 0, set()
         self.close()
         raise StopIteration
 

@@ -1,4 +1,9 @@
-"""Typed errors raised by the loader."""
+"""Typed errors raised by the loader.
+
+Where torch's DataLoader raises a ``RuntimeError`` (a timeout, a worker that died), stoker's
+error is a ``RuntimeError`` too, so code written for torch catches it; an exception raised by
+the user's dataset is re-raised as its own type (see ``stoker.loader.failure``).
+"""
 
 from __future__ import annotations
 
@@ -11,12 +16,13 @@ class LoaderError(StokerError):
     """The loader cannot produce the next batch."""
 
 
-class WorkerError(LoaderError):
-    """A worker failed while producing a batch; the message names the batch, shard and samples."""
+class WorkerError(LoaderError, RuntimeError):
+    """A worker failed or died while producing a batch; the message names the batch and the
+    worker (pid and signal for a process that died), or the shard and samples for a read."""
 
 
-class LoaderTimeoutError(LoaderError, TimeoutError):
-    """No batch arrived within ``timeout`` seconds."""
+class LoaderTimeoutError(LoaderError, RuntimeError, TimeoutError):
+    """No batch arrived within ``timeout`` seconds (a ``RuntimeError``, as torch raises)."""
 
 
 class StateError(LoaderError, ValueError):

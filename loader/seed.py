@@ -1,12 +1,14 @@
-"""Where the seed and the rank come from when the user does not say (never silently)."""
+"""Where the seed comes from when the user does not say (never silently), and the workers'
+base seed derived from it (rank and world size: ``stoker.loader.distributed``)."""
 
 from __future__ import annotations
 
-import os
+import struct
 
 import torch
+import xxhash
 
-__all__ = ["resolve_seed", "resolve_world"]
+__all__ = ["resolve_seed", "worker_base_seed"]
 
 _MAX_SEED = 2**63 - 1
 
@@ -25,17 +27,9 @@ def resolve_seed(seed: int | None, generator: torch.Generator | None) -> int:
     return int(drawn)
 
 
-def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """``(rank, world_size)``: explicit, else torch.distributed, else RANK/WORLD_SIZE, else (0, 1)."""
-    if rank is None or world_size is None:
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            auto = (dist.get_rank(), dist.get_world_size())
-        else:
-            auto = (int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
-        rank = auto[0] if rank is None else rank
-        world_size = auto[1] if world_size is None else world_size
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank must satisfy 0 <= rank < world_size, got rank={rank}, "
-                         f"world_size={world_size}")
-    return rank, world_size
+def worker_base_seed(seed: int, epoch: int) -> int:
+    """torch's ``base_seed`` for the workers started in ``epoch``: torch draws it from the
+    global RNG at every ``iter()``; stoker derives it, so ``get_worker_info().seed`` and the
+    workers' initial RNG state are the same on every run."""
+    digest = xxhash.xxh3_64_intdigest(struct.pack("<qq", seed, epoch) + b"worker-base-seed")
+    return digest & _MAX_SEED

@@ -32,10 +32,12 @@ class LoaderState:
     world_size: int
     rank: int
     mode: str  # "order" (stoker order contract) or "sampler" (user's sampler/batch_sampler)
+    ahead: tuple[int, ...] = ()  # steps past ``step`` already yielded (``in_order=False``)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["order"] = dict(self.order)
+        d["ahead"] = list(self.ahead)
         return {"format": STATE_FORMAT, **d}
 
     @classmethod
@@ -45,11 +47,12 @@ class LoaderState:
             raise StateError(f"not a stoker loader state (format={got!r}, expected "
                              f"{STATE_FORMAT!r}); pass the dict returned by state_dict().")
         names = [f.name for f in fields(cls)]
-        missing = [n for n in names if n not in d]
+        missing = [n for n in names if n not in d and n != "ahead"]
         if missing:
             raise StateError(f"loader state lacks {missing}; pass the dict returned by "
                              "state_dict() unchanged.")
-        return cls(**{n: d[n] for n in names})
+        return cls(**{n: d[n] for n in names if n in d and n != "ahead"},
+                   ahead=tuple(int(s) for s in d.get("ahead", ())))
 
     def check_compatible(self, current: "LoaderState") -> None:
         """Raise StateError unless this saved state can continue in ``current``'s loader."""

@@ -11,7 +11,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from stoker.loader.errors import WorkerError
+from stoker.loader.failure import add_note
+from stoker.loader.sample_rng import batch_seed, sample_seed
+from stoker.loader.worker_info import UserCall, user_code
 from stoker.manifest import hash_bytes
 
 __all__ = ["VIRTUAL_SHARD", "TorchSource", "torch_fingerprint", "virtual_shard_rows"]
@@ -39,42 +41,64 @@ def torch_fingerprint(dataset: Any) -> str:
 
 
 class TorchSource:
-    """Fetches samples by index and collates them; errors name the failing index."""
+    """Fetches samples by index and collates them, as a torch worker would.
+
+    Each ``dataset[i]`` runs with the generators seeded from ``(seed, epoch, i)`` (see
+    ``stoker.loader.sample_rng``) unless ``seeding`` is off; an exception from the dataset
+    keeps its type and gets a note naming the sample.
+    """
 
     kind = "torch"
 
-    def __init__(self, dataset: Any, collate_fn: Callable[[list[Any]], Any] | None,
-                 batched: bool = True) -> None:
+    def __init__(self, dataset: Any, collate_fn: Callable[[Any], Any] | None,
+                 batched: bool = True, seeding: bool = True) -> None:
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.batched = batched
+        self.seeding = seeding
         self.fingerprint = torch_fingerprint(dataset)
         self.shard_rows = virtual_shard_rows(len(dataset))
         self.opened_shards: set[int] = set()
 
-    def _samples(self, ids: Sequence[int]) -> list[Any]:
-        getitems = getattr(self.dataset, "__getitems__", None)
-        if getitems is not None:
-            return list(getitems(list(ids)))
-        out = []
-        for i in ids:
-            try:
-                out.append(self.dataset[i])
-            except Exception as exc:
-                raise WorkerError(f"dataset[{i}] ({type(self.dataset).__name__}) raised "
-                                  f"{type(exc).__name__}: {exc}") from exc
-        return out
+    def _get(self, index: Any, call: UserCall, seed: int, epoch: int) -> Any:
+        call.seed(sample_seed(seed, epoch, index))
+        try:
+            return self.dataset[index]
+        except Exception as exc:
+            add_note(exc, f"(raised by {type(self.dataset).__name__}[{index!r}], sample "
+                          f"{index!r} of epoch {epoch})")
+            raise
 
-    def fetch(self, ids: np.ndarray | Sequence[int]) -> Any:
-        index = [int(i) for i in ids]
-        if not self.batched:
-            (i,) = index
-            sample = self._samples([i])[0]
-            return self.collate_fn(sample) if self.collate_fn else sample
-        if not index and len(self.dataset):
-            return self._empty_batch()
-        samples = self._samples(index)
-        return self.collate_fn(samples) if self.collate_fn else samples
+    def _samples(self, ids: Sequence[int], call: UserCall, seed: int, epoch: int) -> list[Any]:
+        getitems = getattr(self.dataset, "__getitems__", None)
+        if getitems is None:
+            return [self._get(i, call, seed, epoch) for i in ids]
+        call.seed(batch_seed(seed, epoch, ids))
+        try:
+            return list(getitems(list(ids)))
+        except Exception as exc:
+            add_note(exc, f"(raised by {type(self.dataset).__name__}.__getitems__ for samples "
+                          f"{list(ids)[:16]}{' ...' if len(ids) > 16 else ''} of epoch {epoch})")
+            raise
+
+    def fetch(self, ids: Any, epoch: int = 0, seed: int = 0) -> Any:
+        """The batch of ``ids`` (an index array; without auto-collation the sampler's item,
+        passed to ``dataset[...]`` as it is, as torch does)."""
+        with user_code(self.seeding) as call:
+            if not self.batched:
+                index = ids
+                if isinstance(ids, np.ndarray):
+                    index = int(ids[0]) if ids.size == 1 else ids.tolist()
+                sample = self._get(index, call, seed, epoch)
+                return self.collate_fn(sample) if self.collate_fn else sample
+            index = [int(i) for i in ids]
+            if not index and len(self.dataset):
+                return self._empty_batch()
+            samples = self._samples(index, call, seed, epoch)
+            if not self.collate_fn:
+                return samples
+            call.seed(batch_seed(seed, epoch, index))
+            return self.collate_fn(samples)
 
     def _empty_batch(self) -> Any:
         """A batch of zero samples with the structure of a real one.

@@ -1,0 +1,73 @@
+"""The part of the DataLoader that depends on rank and world size, resolved late.
+
+Rank and world size are resolved when iteration starts (and by ``len()``,
+``state_dict()`` before that), see ``stoker.loader.distributed``; the order options (the
+default partition count is a multiple of the world size) and the batch plan follow.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stoker.loader.distributed import resolve_world
+from stoker.loader.order import OrderOptions
+from stoker.loader.schedule import BatchPlan
+
+__all__ = ["WorldPlan"]
+
+
+class WorldPlan:
+    """Mixin of :class:`~stoker.loader.dataloader.DataLoader`: rank, world size, plan."""
+
+    _world_arg: tuple[int | None, int | None]
+    _world: tuple[int, int] | None
+    _order_args: tuple[bool, int | None, int, str]
+    _source: Any
+    _mode: str
+    _loaded: Any
+    _plan: BatchPlan
+    order_options: OrderOptions
+    batch_size: int | None
+    drop_last: bool
+
+    @property
+    def rank(self) -> int:
+        """This process's rank, as resolved now (see ``stoker.loader.distributed``)."""
+        return self._world_now()[0]
+
+    @property
+    def world_size(self) -> int:
+        return self._world_now()[1]
+
+    def _world_now(self) -> tuple[int, int]:
+        if self._source is None:  # still constructing the source
+            return resolve_world(*self._world_arg)
+        self._configured()
+        return self._world  # type: ignore[return-value]
+
+    def _configured(self) -> BatchPlan:
+        """The batch plan for the world as resolved now (reconfigured when it changed)."""
+        world = resolve_world(*self._world_arg)
+        if world != self._world:
+            self._configure(world)
+        return self._plan
+
+    def _configure(self, world: tuple[int, int]) -> None:
+        """Order options and batch plan for ``world``; with a sampler the sampler decides
+        what each rank reads, so the plan is that of one process."""
+        shuffle, partitions, block_size, partition_mode = self._order_args
+        rank, size = world if self._mode == "order" else (0, 1)
+        if partitions is None:  # the smallest multiple of world_size >= the documented default
+            partitions = -(-OrderOptions().partitions // size) * size
+        options = OrderOptions(shuffle=shuffle, partitions=partitions, block_size=block_size,
+                               partition_mode=partition_mode).resolve(self._source.shard_rows)
+        if shuffle and self._mode == "order" and options.partitions % size:
+            raise ValueError(f"world_size={size} must divide partitions={options.partitions}; "
+                             "pass partitions= a multiple of every world size you plan to "
+                             "resume with (e.g. 8 or 64).")
+        self.order_options = options
+        self._plan = BatchPlan(int(self._source.shard_rows.sum()), (self.batch_size or 1) * size,
+                               size, rank, self.drop_last)
+        self._world = world
+        if self._loaded is not None:  # loaded before the process group existed
+            self._loaded.check_compatible(self._state())
