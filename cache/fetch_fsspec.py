@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from stoker.cache.errors import CacheError
 from stoker.cache.fetch import Fatal, Job, Mismatch, Transient
+from stoker.manifest.remote_read import missing_extra
 
 __all__ = ["FsspecFetcher", "LocalFetcher"]
 
@@ -55,6 +56,8 @@ class FsspecFetcher:
                 self._read(job, fs, path, f)
         except (Fatal, Mismatch, Transient, CacheError):
             raise
+        except ImportError as exc:  # the backend package is missing: say which extra has it
+            raise Fatal(str(missing_extra(job.url.split("://", 1)[0], exc, job.shown))) from None
         except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
             raise Fatal(f"{type(exc).__name__} from the storage backend") from None
         except OSError as exc:

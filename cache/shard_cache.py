@@ -59,7 +59,8 @@ from stoker.cache.retry import RetryPolicy
 from stoker.cache.sidecar import Sidecar
 from stoker.cache.size import parse_size
 from stoker.cache.stats import CacheStats, _Counters
-from stoker.manifest import Manifest, ShardIntegrityError, hash_file, is_url, redact_url
+from stoker.manifest import (Manifest, ShardIntegrityError, StokerError, hash_file, is_url,
+                             redact_url)
 
 __all__ = ["ShardCache"]
 
@@ -590,7 +591,7 @@ class ShardCache:
                             i, prefetch=True, admitted=admitted)
                     finally:
                         lock.release()
-            except Exception as exc:  # noqa: BLE001 - the foreground request retries and reports
+            except (StokerError, OSError) as exc:  # the foreground request retries and reports
                 if not self._closed.is_set():  # else cancelled by close(): nothing to report
                     log.warning("prefetch of shard %d failed (%s: %s); it will be fetched on "
                                 "demand", i, type(exc).__name__, self._scrub(str(exc)))

@@ -23,6 +23,7 @@ import torch
 
 from stoker.loader.convert import stack_features, table_to_batch
 from stoker.loader.errors import WorkerError
+from stoker.loader.fallbacks import note
 from stoker.loader.fastpath import FastPlan, NotZeroCopy, ShardData
 from stoker.loader.images import ImageOptions, decode_into
 from stoker.loader import warmup
@@ -225,6 +226,10 @@ class ArrowSource:
             data = self._shard_data(batches, arena)
             if data is None and self.manifest.compression != "none":
                 table = table.combine_chunks()  # decompress once, not once per take
+        except (OSError, pa.ArrowException) as exc:  # an unreadable file: name the shard
+            handle.__exit__(None, None, None)
+            raise WorkerError(f"opening {self._describe(index)} failed: {type(exc).__name__}: "
+                              f"{exc}; run `stoker verify` on the dataset.") from exc
         except BaseException:
             handle.__exit__(None, None, None)
             raise
@@ -287,8 +292,8 @@ class ArrowSource:
                 raise
             except Exception as exc:  # name the shard and samples, keep the cause
                 raise WorkerError(f"reading {self._describe(s)} for samples "
-                                  f"{ids[group][:8].tolist()}{'...' if len(group) > 8 else ''} "
-                                  f"failed: {type(exc).__name__}: {exc}") from exc
+                                  f"{_shown(ids[group])} failed: {type(exc).__name__}: "
+                                  f"{exc}") from exc
         table = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
         if len(pieces) > 1:
             inverse = np.empty_like(by_shard)
@@ -316,8 +321,15 @@ class ArrowSource:
             try:
                 try:
                     filled, groups, rest = self._gather_records(ids, slot)
-                except Exception:  # noqa: BLE001 - not zero-copy, or unreadable: the pyarrow
-                    pass           # path below reads it, or raises the error naming the shard
+                except NotZeroCopy as exc:  # a named fallback: counted, logged, in the ledger
+                    note("not_zero_copy", f"{exc} (batch of samples {_shown(ids)})")
+                except WorkerError as exc:  # a shard that cannot be opened: add the batch
+                    raise WorkerError(f"{exc} (reading samples {_shown(ids)})") from exc
+                except StokerError:
+                    raise
+                except Exception as exc:
+                    raise WorkerError(f"reading the batch of samples {_shown(ids)} failed: "
+                                      f"{type(exc).__name__}: {exc}") from exc
                 else:
                     return self._plan.run(groups, len(ids), slot,
                                           lambda cols: table_to_batch(self.take(ids, cols)),
@@ -411,6 +423,11 @@ class ArrowSource:
             self._rm.close()
         for _, handle in entries:
             handle.__exit__(None, None, None)
+
+
+def _shown(ids: np.ndarray) -> str:
+    """The first ids of a batch, for messages."""
+    return f"{ids[:8].tolist()}{'...' if len(ids) > 8 else ''}"
 
 
 def _stack_ints(table: pa.Table, columns: Sequence[str]) -> torch.Tensor:

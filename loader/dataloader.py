@@ -15,6 +15,7 @@ wrap, re-shard or move a loader) that replaces torch's iteration with stoker's; 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 import torch
@@ -26,9 +27,11 @@ from stoker.loader import warmup
 from stoker.loader.args import (check_local_shards, check_sampling_args, check_worker_args,
                                 check_worker_mode, is_remote)
 from stoker.loader.distributed import resolve_world
+from stoker.loader.content_digest import content_header
 from stoker.loader.arrow_source import ArrowSource
 from stoker.loader.epoch_iter import BatchTask, EpochIterator
 from stoker.loader.errors import StateError
+from stoker.loader.fallbacks import FallbackAccount
 from stoker.loader.images import ImageOptions
 from stoker.loader.loader_world import WorldPlan
 from stoker.loader.order import OrderOptions
@@ -196,12 +199,15 @@ class DataLoader(WorldPlan, TorchDataLoader[T_co]):
                                   device=device or (pin_memory_device or None),
                                   depth=self._prefetch)
         self.stats = LoaderStats()
+        self._fallbacks = FallbackAccount(self.stats.fallbacks)
         self._ledger = None
         self._ledger_path = ledger
         self._ledger_ids = ledger_ids
         self._resumed_from: dict[str, Any] | None = None
         self._cache_seen: Any = None  # cache counters already written to the ledger
-        self._task = BatchTask(self._source, self._collate, transform, self.sample_seeding)
+        self._content = content_header(self._source) if ledger is not None else None
+        self._task = BatchTask(self._source, self._collate, transform, self.sample_seeding,
+                               self._content["columns"] if self._content else None)
         self._DataLoader__initialized = True  # torch's guard: batch_size, sampler, ... are fixed
         self.check_worker_number_rationality()
 
@@ -363,6 +369,8 @@ class DataLoader(WorldPlan, TorchDataLoader[T_co]):
             header["in_order"] = False
         if self._source.kind == "torch":
             header["dataset_len"] = self._plan.num_samples
+        if self._content is not None:
+            header["content"] = self._content
         self._ledger = LedgerWriter(self._ledger_path, header, ids=self._ledger_ids)
         if self._resumed_from is not None:
             self._ledger.event("resume", state=self._resumed_from)
@@ -387,10 +395,8 @@ class DataLoader(WorldPlan, TorchDataLoader[T_co]):
         self._transfer.close()
 
     def __del__(self) -> None:
-        try:
+        if not sys.is_finalizing() and hasattr(self, "_transfer"):  # built fully, not at exit
             self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
 
 warmup.prime()  # Numba's one-time start-up runs while the caller builds its model

@@ -7,12 +7,15 @@ ledger records of the steps it yields).
 
 from __future__ import annotations
 
+import sys
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import numpy as np
 
 from stoker.loader.failure import add_note
+from stoker.loader.content_digest import batch_digests
+from stoker.loader.fallbacks import Noted, collecting
 from stoker.loader.order import EpochOrder
 from stoker.loader.sample_rng import batch_seed
 from stoker.loader.schedule import rank_batch_ids
@@ -21,12 +24,21 @@ from stoker.loader.worker_info import user_code
 if TYPE_CHECKING:
     from stoker.loader.dataloader import DataLoader
 
-__all__ = ["BatchTask", "EpochIterator"]
+__all__ = ["BatchTask", "Delivered", "EpochIterator"]
 
 
 # (ledger event kind, CacheStats counter)
 _CACHE_EVENTS = (("retry", "retries"), ("restart", "restarts"), ("quarantine", "quarantines"),
                  ("repair", "repaired"))
+
+
+class Delivered(NamedTuple):
+    """A worker's answer: the batch, its content digests (one per ledger content column, or
+    ``None`` without a ledger) and the fallbacks it took (stoker.loader.fallbacks)."""
+
+    batch: Any
+    content: list[int] | None
+    fallbacks: Noted
 
 
 class BatchTask:
@@ -35,25 +47,31 @@ class BatchTask:
 
     The user's batch-level code (``collate_fn`` of a stoker dataset, ``transform``) runs as
     user code (``stoker.loader.worker_info.user_code``), seeded from the batch's ids.
+    ``content``: the columns to digest (stoker.loader.content_digest), on the batch as the
+    source delivered it, before ``collate`` and ``transform``; ``None``: no digests.
     """
 
     def __init__(self, source: Any, collate: Callable[[Any], Any] | None,
-                 transform: Callable[[Any], Any] | None, seeding: bool = True) -> None:
+                 transform: Callable[[Any], Any] | None, seeding: bool = True,
+                 content: list[str] | None = None) -> None:
         self.source, self.collate, self.transform = source, collate, transform
         self.seeding = seeding
+        self.content = content
 
-    def __call__(self, payload: tuple[Any, int, int]) -> Any:
+    def __call__(self, payload: tuple[Any, int, int]) -> Delivered:
         ids, epoch, seed = payload  # epoch and seed key per-sample augmentation and RNG
-        batch = self.source.fetch(ids, epoch, seed)
+        with collecting() as noted:
+            batch = self.source.fetch(ids, epoch, seed)
+        digests = batch_digests(batch, self.content) if self.content is not None else None
         if self.collate is None and self.transform is None:
-            return batch
+            return Delivered(batch, digests, noted)
         with user_code(self.seeding) as call:
             call.seed(batch_seed(seed, epoch, ids))
             if self.collate is not None:
                 batch = self.collate(batch)
             if self.transform is not None:
                 batch = self.transform(batch)
-        return batch
+        return Delivered(batch, digests, noted)
 
 
 class EpochIterator:
@@ -121,7 +139,7 @@ class EpochIterator:
         return self
 
     def _take(self) -> tuple[int, Any, Any] | None:
-        """The next (step, ids, batch): in step order, or with ``in_order=False`` whichever
+        """The next (step, ids, Delivered): in step order, or with ``in_order=False`` whichever
         pending batch is ready first (as torch's ``in_order=False``)."""
         loader = self._loader
         if self._pool is None:
@@ -155,15 +173,17 @@ class EpochIterator:
         taken = self._take()
         if taken is None:
             return self._finish()
-        step, ids, batch = taken
-        batch = loader._transfer(batch)
+        step, ids, out = taken
+        if out.fallbacks:
+            loader._fallbacks.add(out.fallbacks, self._ledger, self._epoch, step)
+        batch = loader._transfer(out.batch)
         waited = time.perf_counter() - t0
         if not isinstance(ids, np.ndarray):  # a sampler's own item (batch_size=None)
             ids = np.asarray(ids, dtype=np.int64).ravel() if self._ledger is not None \
                 else np.zeros(np.size(ids), dtype=np.int64)
         between = loader.stats.record(len(ids), waited)
         if self._ledger is not None:
-            self._ledger.step(self._epoch, step, loader.rank, ids, waited, between)
+            self._ledger.step(self._epoch, step, loader.rank, ids, waited, between, out.content)
             self._cache_events()
         self._advance(step)
         return batch
@@ -197,6 +217,8 @@ class EpochIterator:
     def _finish(self) -> Any:
         loader = self._loader
         self._cache_events()
+        if self._ledger is not None and loader.stats.fallbacks:
+            self._ledger.event("fallback_counts", epoch=self._epoch, counts=loader.stats.fallbacks)
         if loader._epoch == self._epoch and loader._active is self:
             loader._epoch, loader._step, loader._ahead = self._epoch + 1, 0, set()
         self.close()
@@ -218,7 +240,5 @@ class EpochIterator:
             loader._active = None
 
     def __del__(self) -> None:
-        try:
+        if not sys.is_finalizing():  # at exit the loader's own close() has run, or never will
             self.close()
-        except Exception:  # noqa: BLE001
-            pass

@@ -23,10 +23,15 @@ def add_note(exc: BaseException, note: str) -> None:
         adder(note)
 
 
+# What pickling an arbitrary object (and rebuilding it) may raise: it is then sent as text.
+_UNPICKLABLE = (pickle.PicklingError, pickle.UnpicklingError, TypeError, AttributeError,
+                ValueError, RecursionError, NotImplementedError, ImportError)
+
+
 def _pickles(obj: Any) -> bool:
     try:
         pickle.loads(pickle.dumps(obj))
-    except Exception:  # noqa: BLE001 - any failure means "send it as text"
+    except _UNPICKLABLE:
         return False
     return True
 
@@ -61,7 +66,7 @@ class WorkerFailure:
         message = f"{head}\nOriginal {self.trace}"
         try:
             rebuilt = self.kind(message) if self.kind is not None else None
-        except Exception:  # noqa: BLE001 - a type that takes other arguments, as in torch
+        except (TypeError, ValueError, AttributeError):  # a type taking other arguments (torch)
             rebuilt = None
         if rebuilt is None:
             raise RuntimeError(message) from None

@@ -32,7 +32,7 @@ import time
 import weakref
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -51,7 +51,7 @@ from stoker.loader.ledger_format import (
     ids_digest,
     iter_frames,
 )
-from stoker.loader.ledger_reader import Ledger, LedgerSegment, read_ledger
+from stoker.loader.ledger_reader import Ledger, LedgerSegment, content_columns, read_ledger
 from stoker.manifest import is_url, redact_url, stoker_version
 
 __all__ = ["Ledger", "LedgerError", "LedgerSegment", "LedgerWriter", "ledger_path", "read_ledger",
@@ -134,11 +134,13 @@ def _open_for_append(path: Path) -> tuple[BinaryIO, int, int]:
 class _Sink:
     """File and buffers shared by a writer and its finaliser (which must not hold the writer)."""
 
-    def __init__(self, f: BinaryIO, ids: bool) -> None:
+    def __init__(self, f: BinaryIO, ids: bool, content_width: int = 0) -> None:
         self.file: BinaryIO | None = f
         self.ids = ids
+        self.content_width = content_width
         self.rows: list[tuple[int, int, int, int, int, float, float]] = []
         self.id_chunks: list[np.ndarray] = []
+        self.content: list[Sequence[int]] = []
         self.events: list[dict[str, Any]] = []
         self.steps = 0
         self.event_count = 0
@@ -155,8 +157,10 @@ class _Sink:
         if self.rows:
             records = np.array(self.rows, dtype=STEP_DTYPE)
             ids = np.concatenate(self.id_chunks) if self.ids else None
-            out += encode_frame(FRAME_STEPS, encode_steps(records, ids))
-            self.rows, self.id_chunks = [], []
+            content = np.array(self.content, dtype=np.uint64).reshape(
+                len(self.rows), self.content_width) if self.content_width else None
+            out += encode_frame(FRAME_STEPS, encode_steps(records, ids, content))
+            self.rows, self.id_chunks, self.content = [], [], []
         if out:
             self.file.write(out)  # whole frames in one write: a kill leaves whole frames or a tail
             self.file.flush()
@@ -214,7 +218,7 @@ class LedgerWriter:
         if dropped:
             full["dropped_tail_bytes"] = dropped
         self.header: dict[str, Any] = full
-        self._sink = _Sink(f, bool(ids))
+        self._sink = _Sink(f, bool(ids), len(content_columns(full)))
         self._flush_steps = flush_steps
         self._flush_seconds = flush_seconds
         self._t0 = time.monotonic()
@@ -225,14 +229,21 @@ class LedgerWriter:
         self._finalizer = weakref.finalize(self, self._sink.close)
 
     def step(self, epoch: int, step: int, rank: int, ids: np.ndarray, wait_s: float,
-             between_s: float) -> None:
-        """Record that ``rank`` consumed ``ids`` (int64 global sample ids) at ``(epoch, step)``."""
+             between_s: float, content: Sequence[int] | None = None) -> None:
+        """Record that ``rank`` consumed ``ids`` (int64 global sample ids) at ``(epoch, step)``;
+        ``content``: the batch's digests, one per column the header's ``"content"`` names."""
         ids = np.asarray(ids)
         sink = self._sink
+        if sink.content_width and (content is None or len(content) != sink.content_width):
+            raise LedgerError(f"{self.path}: the header declares {sink.content_width} content "
+                              f"columns but step ({epoch}, {step}) brings "
+                              f"{None if content is None else len(content)} digests.")
         with sink.lock:
             if sink.file is None:
                 raise LedgerError(f"{self.path}: step() after close(); create a new LedgerWriter.")
             sink.rows.append((epoch, step, rank, len(ids), ids_digest(ids), wait_s, between_s))
+            if sink.content_width:
+                sink.content.append(content)  # type: ignore[arg-type]
             if sink.ids:
                 sink.id_chunks.append(np.array(ids, dtype=np.int64))
             sink.steps += 1

@@ -24,7 +24,9 @@ Frame kinds:
       | wait_s f32[n] | between_s f32[n]        (30 bytes per step before compression)
 
   then, only when the segment header says ``"ids": true``, the ``sum(count)`` sample ids
-  as int64.
+  as int64; then, only when the header has ``"content": {"columns": [C names], ...}``, the
+  content digests as u64[n, C] (step-major): one digest per step and column of the batch as
+  delivered (:mod:`stoker.loader.content_digest`).
 * ``EVENTS`` (3): JSON list of objects ``{"kind", "at", "time", ...data}`` where ``at`` is
   the number of steps the segment had recorded when the event happened and ``time`` the
   seconds since the segment started.
@@ -98,17 +100,23 @@ def encode_frame(kind: int, raw: bytes, level: int = 3) -> bytes:
     return _FRAME.pack(kind, len(raw), len(payload), xxhash.xxh3_64_intdigest(payload)) + payload
 
 
-def encode_steps(records: np.ndarray, ids: np.ndarray | None) -> bytes:
-    """Raw ``STEPS`` payload: count, the columns of ``records`` (STEP_DTYPE), then ids."""
+def encode_steps(records: np.ndarray, ids: np.ndarray | None,
+                 content: np.ndarray | None = None) -> bytes:
+    """Raw ``STEPS`` payload: count, the columns of ``records`` (STEP_DTYPE), then ids, then
+    content digests (u64 ``[n, C]``)."""
     parts = [_COUNT.pack(len(records))]
     parts += [np.ascontiguousarray(records[name]).tobytes() for name, _ in _STEP_FIELDS]
     if ids is not None:
         parts.append(np.ascontiguousarray(ids, dtype="<i8").tobytes())
+    if content is not None:
+        parts.append(np.ascontiguousarray(content, dtype="<u8").tobytes())
     return b"".join(parts)
 
 
-def decode_steps(raw: bytes, with_ids: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    """Inverse of :func:`encode_steps`; raises ``ValueError`` on a malformed payload."""
+def decode_steps(raw: bytes, with_ids: bool, content_columns: int = 0
+                 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Inverse of :func:`encode_steps`: ``(records, ids, content)``; raises ``ValueError`` on a
+    malformed payload."""
     (n,) = _COUNT.unpack_from(raw, 0)
     records = np.empty(n, dtype=STEP_DTYPE)
     offset = _COUNT.size
@@ -119,16 +127,22 @@ def decode_steps(raw: bytes, with_ids: bool) -> tuple[np.ndarray, np.ndarray | N
             raise ValueError(f"steps payload ends inside column {name!r}")
         records[name] = np.frombuffer(raw, dtype=dt, count=n, offset=offset)
         offset += size
-    ids = None
+    ids = content = None
+    tail = 8 * n * content_columns
     if with_ids:
         total = int(records["count"].sum(dtype=np.int64))
-        if offset + 8 * total != len(raw):
-            raise ValueError(f"steps payload holds {len(raw) - offset} id bytes, "
+        if offset + 8 * total + tail != len(raw):
+            raise ValueError(f"steps payload holds {len(raw) - offset - tail} id bytes, "
                              f"expected {8 * total}")
         ids = np.frombuffer(raw, dtype="<i8", count=total, offset=offset).astype(np.int64)
-    elif offset != len(raw):
-        raise ValueError(f"steps payload has {len(raw) - offset} unexpected trailing bytes")
-    return records, ids
+        offset += 8 * total
+    if offset + tail != len(raw):
+        raise ValueError(f"steps payload has {len(raw) - offset} bytes after the step records, "
+                         f"expected {tail} of content digests")
+    if content_columns:
+        content = np.frombuffer(raw, dtype="<u8", count=n * content_columns, offset=offset) \
+            .astype(np.uint64).reshape(n, content_columns)
+    return records, ids, content
 
 
 def iter_frames(data: bytes | memoryview,

@@ -27,7 +27,7 @@ from stoker.loader.ledger_format import (
     iter_frames,
 )
 
-__all__ = ["Ledger", "LedgerSegment", "read_ledger"]
+__all__ = ["Ledger", "LedgerSegment", "content_columns", "read_ledger"]
 
 
 @dataclass(slots=True)
@@ -40,6 +40,8 @@ class LedgerSegment:
         events: event dicts; ``event["at"]`` indexes ``steps`` (steps recorded before it).
         ids: all sample ids, concatenated in step order, when the header says ``ids``.
         end: the clean-close record, or ``None`` when the process ended without ``close()``.
+        content: u64 ``[steps, C]`` content digests, one per step and column of
+            ``header["content"]["columns"]``, when the header declares them.
     """
 
     header: dict[str, Any]
@@ -47,6 +49,12 @@ class LedgerSegment:
     events: list[dict[str, Any]] = field(default_factory=list)
     ids: np.ndarray | None = None
     end: dict[str, Any] | None = None
+    content: np.ndarray | None = None
+
+    @property
+    def content_columns(self) -> list[str]:
+        """The columns of :attr:`content` (``[]`` when the segment recorded none)."""
+        return content_columns(self.header)
 
     @property
     def closed(self) -> bool:
@@ -148,13 +156,26 @@ class _Parts:
     ids: list[np.ndarray] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     end: dict[str, Any] | None = None
+    content: list[np.ndarray] = field(default_factory=list)
 
     def build(self) -> LedgerSegment:
         steps = np.concatenate(self.steps) if self.steps else np.empty(0, dtype=STEP_DTYPE)
-        ids = None
+        ids = content = None
         if self.header.get("ids"):
             ids = np.concatenate(self.ids) if self.ids else np.empty(0, dtype=np.int64)
-        return LedgerSegment(self.header, steps, self.events, ids, self.end)
+        width = len(content_columns(self.header))
+        if width:
+            content = np.concatenate(self.content) if self.content else \
+                np.empty((0, width), dtype=np.uint64)
+        return LedgerSegment(self.header, steps, self.events, ids, self.end, content)
+
+
+def content_columns(header: dict[str, Any]) -> list[str]:
+    """The content-digest columns a segment header declares (``[]``: none)."""
+    content = header.get("content")
+    if not isinstance(content, dict) or not isinstance(content.get("columns"), list):
+        return []
+    return [str(c) for c in content["columns"]]
 
 
 def _apply(parts: list[_Parts], kind: int, raw: bytes) -> None:
@@ -169,10 +190,13 @@ def _apply(parts: list[_Parts], kind: int, raw: bytes) -> None:
         raise ValueError("frame outside a segment")
     seg = parts[-1]
     if kind == FRAME_STEPS:
-        records, ids = decode_steps(raw, bool(seg.header.get("ids")))
+        records, ids, content = decode_steps(raw, bool(seg.header.get("ids")),
+                                             len(content_columns(seg.header)))
         seg.steps.append(records)
         if ids is not None:
             seg.ids.append(ids)
+        if content is not None:
+            seg.content.append(content)
     elif kind == FRAME_EVENTS:
         events = json.loads(raw)
         if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):

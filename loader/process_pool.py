@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import pickle
 import signal
 import threading
 import time
@@ -167,7 +168,8 @@ class ProcessPool(WorkerPool):
                                 "handing over a batch)")
         except LoaderTimeoutError:
             raise
-        except Exception:  # noqa: BLE001 - EOF, or a dead sender's shared tensor: restart it
+        except (EOFError, OSError, RuntimeError, pickle.UnpicklingError):
+            # EOF, or a dead sender's shared tensor (torch: RuntimeError): restart it
             if w.process.exitcode is None:
                 w.process.kill()
                 w.process.join()

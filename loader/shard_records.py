@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from stoker.loader import rowmajor
+from stoker.loader.fallbacks import note
 from stoker.loader.record_store import RecordStore
 from stoker.loader.record_table import RecordTable
 
@@ -128,9 +129,9 @@ class ShardRecords:
                 return
         try:
             records, built = self._records_of(index, data, misfits, name)
-        except Exception as exc:  # noqa: BLE001 - the column path still serves this shard
-            logger.warning("row-major copy of shard %d failed (%s: %s); its batches use the "
-                           "column path", index, type(exc).__name__, exc)
+        except (OSError, MemoryError, ValueError, pa.ArrowException) as exc:
+            # a named fallback: the column path still serves this shard
+            note("row_major_failed", f"shard {index}: {type(exc).__name__}: {exc}")
             records, built = None, False
         with self._lock:
             if records is None or not self._current(index, data):

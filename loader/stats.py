@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["LoaderStats"]
 
@@ -13,7 +14,8 @@ class LoaderStats:
     """Counters of one loader, updated by the consumer thread only.
 
     ``wait_s`` is time spent inside ``next()`` waiting for a batch; the data-stall share is
-    that time over the wall time since the first batch was requested.
+    that time over the wall time since the first batch was requested. ``fallbacks`` counts
+    the batches (or shards) that took each named slower path (stoker.loader.fallbacks).
     """
 
     batches: int = 0
@@ -21,6 +23,7 @@ class LoaderStats:
     wait_s: float = 0.0
     first_batch_s: float | None = None
     started: float | None = None
+    fallbacks: dict[str, int] = field(default_factory=dict)
     _last: float | None = field(default=None, repr=False)
 
     def begin(self) -> None:
@@ -39,7 +42,7 @@ class LoaderStats:
         self.wait_s += waited
         return between
 
-    def as_dict(self) -> dict[str, float | int | None]:
+    def as_dict(self) -> dict[str, Any]:
         elapsed = 0.0 if self.started is None else time.perf_counter() - self.started
         return {
             "batches": self.batches,
@@ -50,4 +53,5 @@ class LoaderStats:
             "batches_per_s": self.batches / elapsed if elapsed > 0 else 0.0,
             "samples_per_s": self.samples / elapsed if elapsed > 0 else 0.0,
             "first_batch_s": self.first_batch_s,
+            "fallbacks": dict(self.fallbacks),
         }

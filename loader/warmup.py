@@ -15,7 +15,6 @@ its first kernel call, so an at-fork hook waits for the warm-up before any ``for
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import threading
 from typing import TYPE_CHECKING, Any, Callable
@@ -23,12 +22,13 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import pyarrow as pa
 
+from stoker.loader.fallbacks import note
+
 if TYPE_CHECKING:
     from stoker.loader.fastpath import FastPlan
 
 __all__ = ["first_call", "prime", "start", "wait"]
 
-logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _threads: list[threading.Thread] = []
@@ -108,8 +108,8 @@ def _run(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
                 rowmajor.build(layout, data, layout.misfits(batches))
         finally:
             ring.release(slot)
-    except Exception as exc:  # noqa: BLE001 - only a head start; the first batch loads them
-        logger.debug("kernel warm-up skipped: %s: %s", type(exc).__name__, exc)
+    except _expected() as exc:  # only a head start; the first batch loads them (or raises)
+        note("warmup_skipped", f"kernels: {type(exc).__name__}: {exc}")
 
 
 def start(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
@@ -127,8 +127,17 @@ def _order() -> None:
     try:
         order = EpochOrder(np.array([64, 64], dtype=np.int64), "0" * 32, 0, 0, OrderOptions())
         order_range(np.int64(0), np.int64(4), np.int64(1), *order._kernel_args())
-    except Exception as exc:  # noqa: BLE001 - only a head start
-        logger.debug("order warm-up skipped: %s: %s", type(exc).__name__, exc)
+    except _expected() as exc:  # only a head start
+        note("warmup_skipped", f"order: {type(exc).__name__}: {exc}")
+
+
+def _expected() -> tuple[type[BaseException], ...]:
+    """What compiling or loading kernels on a synthetic shard may raise (a fallback); anything
+    else is a bug and propagates (the warm-up thread then prints it)."""
+    from numba.core.errors import NumbaError
+
+    return (NumbaError, ImportError, OSError, MemoryError, RuntimeError, ValueError, TypeError,
+            pa.ArrowException)
 
 
 def first_call(name: str) -> bool:

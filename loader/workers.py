@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import queue
+import sys
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -118,10 +119,9 @@ class WorkerPool(abc.ABC):
         return []
 
     def __del__(self) -> None:
-        try:
+        # at interpreter exit the daemon workers die with the process; modules may be gone
+        if not sys.is_finalizing() and not getattr(self, "_closed", True):
             self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown may have torn down modules
-            pass
 
 
 def _thread_main(fn: Task, tasks: queue.Queue, results: dict, cond: threading.Condition,

@@ -24,6 +24,7 @@ from stoker.manifest.errors import ManifestError
 from stoker.manifest.hashing import canonical_json, hash_bytes
 from stoker.manifest.path_rules import check_shard_paths
 from stoker.manifest.paths import is_url, join_location, redact_url
+from stoker.manifest.remote_read import read_remote
 
 __all__ = ["FORMAT", "MANIFEST_NAME", "Manifest", "ShardInfo", "compute_fingerprint", "decode_runs",
            "describe_schema", "encode_runs"]
@@ -347,36 +348,6 @@ def _check_consistency(doc: dict[str, Any], source: str) -> None:
 
 def _read_bytes(location: str, storage_options: Mapping[str, Any] | None) -> bytes:
     if is_url(location) and not location.startswith("file://"):
-        return _read_remote(location, storage_options)
+        return read_remote(location, redact_url(location), storage_options)
     path = location.removeprefix("file://")
     return Path(path).read_bytes()
-
-
-def _read_remote(location: str, storage_options: Mapping[str, Any] | None) -> bytes:
-    """The bytes at ``location`` through a filesystem of its own, closed afterwards.
-
-    fsspec keeps every filesystem it builds in a process-wide cache, and an async one (HTTP,
-    S3, GCS) keeps its client session and that session's keep-alive connections with it: one
-    per thread that loaded at the same time, open for the life of the process. A manifest is
-    read once, so this read builds its own filesystem and closes its session when done.
-    """
-    import fsspec  # imported lazily: local datasets never pay for it
-
-    fs, path = fsspec.core.url_to_fs(location, **{**dict(storage_options or {}),
-                                                  "skip_instance_cache": True})
-    try:
-        with fs.open(path, "rb") as f:
-            return f.read()
-    finally:
-        _close_sessions(fs)
-
-
-def _close_sessions(fs: Any) -> None:
-    """Close the client session of an async fsspec filesystem (HTTP/GCS ``_session``, s3fs
-    ``_s3``) with the class's own ``close_session``; sync filesystems hold nothing open."""
-    close = getattr(type(fs), "close_session", None)
-    for attr in ("_session", "_s3"):
-        session = getattr(fs, attr, None)
-        if callable(close) and session is not None:
-            close(getattr(fs, "loop", None), session)
-            setattr(fs, attr, None)

@@ -58,7 +58,7 @@ def open_dataset(header: dict[str, Any], override: str | None) -> DatasetView:
         return DatasetView(None, None, None, "the ledger names no dataset; pass --dataset PATH")
     try:
         manifest = Manifest.load(location)
-    except Exception as exc:  # noqa: BLE001 - remote filesystems raise their own error types
+    except (StokerError, OSError, ImportError) as exc:  # the replay is skipped, saying why
         why = _short(exc)
         return DatasetView(location, None, None, f"dataset not reachable ({why}); pass --dataset")
     if manifest.fingerprint != header.get("fingerprint"):

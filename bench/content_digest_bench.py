@@ -1,0 +1,104 @@
+"""Cost of the ledger's content digests on W1 (issue 14: at most 3 % of W1 throughput).
+
+    .venv/bin/python bench/content_digest_bench.py [--rows 400000] [--repeats 5] [--workers 0]
+
+Same process, same dataset, alternating runs: W1 (see bench/loader_bench.py: batch 1024,
+features [B,64] f32, categoricals [B,8] i64, seq [B,16] f32, label) read for one warm epoch
+(a) with a ledger without content digests (the baseline: ids and timings only) and (b) with
+a ledger with content digests (the default). Reported: median samples/s of each and the
+slowdown; plus the digest's own cost per batch, timed alone on real W1 batches (GB/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+FEATURES = [f"f{i}" for i in range(64)]
+CATS = [f"c{i}" for i in range(8)]
+BATCH = 1024
+
+
+def build(root: Path, rows: int) -> Path:
+    from stoker.sharder import shard
+    from stoker.sharder.synthetic import write_tabular_parquet
+
+    data = root / f"w1-{rows}"
+    if not (data / "stoker" / "manifest.json").exists():
+        data.mkdir(parents=True, exist_ok=True)
+        write_tabular_parquet(data / "data.parquet", rows)
+        shard(str(data / "data.parquet"), str(data / "stoker"), progress=False, overwrite=True)
+    return data / "stoker"
+
+
+def epoch(path: Path, ledger: Path, content: bool, workers: int) -> float:
+    """Samples/s of one epoch after a warm-up epoch (records built, pages warm)."""
+    from stoker.loader import DataLoader
+
+    dl = DataLoader(path, batch_size=BATCH, shuffle=True, seed=0, num_workers=workers,
+                    features=FEATURES, categoricals=CATS, columns=["seq", "label"],
+                    ledger=ledger)
+    if not content:  # the baseline: the same ledger, without the digests
+        dl._task.content = None
+        dl._content = None
+    for _ in dl:
+        pass
+    t0 = time.perf_counter()
+    n = sum(len(b["label"]) for b in dl)
+    dt = time.perf_counter() - t0
+    dl.close()
+    return n / dt
+
+
+def digest_speed(path: Path) -> tuple[float, float]:
+    """(ms per batch, GB/s) of batch_digests alone on W1 batches."""
+    from stoker.loader import DataLoader
+    from stoker.loader.content_digest import batch_digests
+
+    dl = DataLoader(path, batch_size=BATCH, shuffle=True, seed=0, features=FEATURES,
+                    categoricals=CATS, columns=["seq", "label"])
+    batches = []
+    for b in dl:
+        batches.append({k: v.clone() for k, v in b.items()})
+        if len(batches) == 50:
+            break
+    dl.close()
+    cols = ["features", "categoricals", "seq", "label"]
+    nbytes = sum(v.numel() * v.element_size() for v in batches[0].values())
+    t0 = time.perf_counter()
+    for _ in range(5):
+        for b in batches:
+            batch_digests(b, cols)
+    per = (time.perf_counter() - t0) / (5 * len(batches))
+    return per * 1e3, nbytes / per / 1e9
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=400_000)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--workers", type=int, default=0)
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/stoker-content-bench"))
+    args = ap.parse_args(argv)
+    path = build(args.workdir, args.rows)
+    with tempfile.TemporaryDirectory() as tmp:
+        runs: dict[bool, list[float]] = {False: [], True: []}
+        for r in range(args.repeats):
+            for content in ((False, True) if r % 2 == 0 else (True, False)):
+                runs[content].append(epoch(path, Path(tmp) / f"{r}-{content}.ledger", content,
+                                           args.workers))
+    base, with_digest = statistics.median(runs[False]), statistics.median(runs[True])
+    ms, gbs = digest_speed(path)
+    print(f"W1 {args.rows} rows, batch {BATCH}, workers {args.workers}, {args.repeats} repeats")
+    print(f"ledger without content digests  median {base:,.0f} samples/s  {runs[False]}")
+    print(f"ledger with content digests     median {with_digest:,.0f} samples/s  {runs[True]}")
+    print(f"slowdown {100 * (1 - with_digest / base):+.2f} %")
+    print(f"digest alone: {ms:.3f} ms per batch ({gbs:.1f} GB/s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""Named fallbacks: the one way a reader may take a slower path instead of failing.
+
+A fallback is never silent. Where it happens, :func:`note` records its *reason* (one of
+:data:`REASONS`) and a detail naming the shard or batch; the task that was running collects
+what it noted (:func:`collecting`), the loader's consumer adds the counts to
+``loader.stats.fallbacks``, writes a ``"fallback"`` ledger event the first time a reason
+appears and a summary at the end of the epoch, and logs each reason once (see
+:class:`FallbackAccount`). Everything that is not a named fallback propagates as a typed error.
+
+A note made outside any task (a background thread building row-major records) waits in this
+process until the next task here collects it, so worker processes report theirs too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+__all__ = ["REASONS", "FallbackAccount", "Noted", "collecting", "note"]
+
+logger = logging.getLogger("stoker.loader")
+
+REASONS = {
+    "not_zero_copy": "a shard's buffers are not inside its memory map (a compressed shard): "
+                     "its rows are read with pyarrow instead of the Numba kernels",
+    "row_major_failed": "a shard's row-major records could not be built or mapped: its "
+                        "batches use the column kernels",
+    "warmup_skipped": "the kernels could not be compiled ahead of the first batch: the first "
+                      "batch compiles them (and raises if they cannot be)",
+}
+"""Every fallback there is, with what it costs (shown in logs and ledger events)."""
+
+# reason -> [count, first detail]
+Noted = dict[str, list[Any]]
+
+_local = threading.local()
+_pending: Noted = {}
+_pending_lock = threading.Lock()
+
+
+def note(reason: str, detail: str) -> None:
+    """Record one fallback of ``reason`` (a key of :data:`REASONS`); ``detail`` names the
+    shard or batch. Cheap: a dict update."""
+    if reason not in REASONS:
+        raise ValueError(f"unknown fallback reason {reason!r}; add it to "
+                         f"stoker.loader.fallbacks.REASONS (have {sorted(REASONS)})")
+    target = getattr(_local, "noted", None)
+    if target is None:
+        with _pending_lock:
+            _add(_pending, reason, 1, detail)
+        return
+    _add(target, reason, 1, detail)
+
+
+def _add(into: Noted, reason: str, count: int, detail: str) -> None:
+    entry = into.get(reason)
+    if entry is None:
+        into[reason] = [count, detail]
+    else:
+        entry[0] += count
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[Noted]:
+    """``with collecting() as noted:`` gathers this thread's notes (and the process's pending
+    ones) made inside the block into ``noted``."""
+    noted: Noted = {}
+    if _pending:
+        with _pending_lock:
+            for reason, (count, detail) in _pending.items():
+                _add(noted, reason, count, detail)
+            _pending.clear()
+    outer = getattr(_local, "noted", None)
+    _local.noted = noted
+    try:
+        yield noted
+    finally:
+        _local.noted = outer
+
+
+@dataclass(slots=True)
+class FallbackAccount:
+    """The consumer's side: counts into ``stats``, ledger events, one log line per reason."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    _logged: set[str] = field(default_factory=set)
+
+    def add(self, noted: Noted, ledger: Any, epoch: int, step: int) -> None:
+        for reason, (count, detail) in noted.items():
+            first = reason not in self.counts
+            self.counts[reason] = self.counts.get(reason, 0) + int(count)
+            if first and ledger is not None:
+                ledger.event("fallback", reason=reason, epoch=epoch, step=step, detail=detail,
+                             why=REASONS[reason])
+            if reason not in self._logged:
+                self._logged.add(reason)
+                logger.warning("fallback %s (first at epoch %d step %d: %s): %s; counted in "
+                               "loader.stats.fallbacks", reason, epoch, step, detail,
+                               REASONS[reason])
