@@ -74,6 +74,9 @@ class DataLoader(WorldPlan, TorchDataLoader[T_co]):
         cache_options: further ``ShardCache`` keyword arguments (``retry=RetryPolicy(...)``,
             ``inflight_allowance``, ``prefetch_workers``, ...).
         ledger, ledger_ids: write a reproducibility ledger to this path.
+        ledger_content: also record each step's content digests (per column, of the batch
+            as delivered; ``stoker audit --dataset`` checks them). Default on; costs ~7 %
+            of W1 throughput here (bench/content_digest_bench.py).
         row_major: ``"auto"`` (default), ``True`` or ``False``: row-major records of open
             shards' fixed-width outputs for fast shuffled reads (see ``ArrowSource``; bounded).
         row_major_dir: where records are kept as files, built once per node and mapped by
@@ -126,6 +129,7 @@ class DataLoader(WorldPlan, TorchDataLoader[T_co]):
         storage_options: Mapping[str, Any] | None = None,
         ledger: str | os.PathLike[str] | None = None,
         ledger_ids: bool = False,
+        ledger_content: bool = True,
         categoricals: Sequence[str] | None = None,
         image: ImageOptions | None = None,
         cache_options: Mapping[str, Any] | None = None,
@@ -205,7 +209,8 @@ class DataLoader(WorldPlan, TorchDataLoader[T_co]):
         self._ledger_ids = ledger_ids
         self._resumed_from: dict[str, Any] | None = None
         self._cache_seen: Any = None  # cache counters already written to the ledger
-        self._content = content_header(self._source) if ledger is not None else None
+        self._content = content_header(self._source) \
+            if ledger is not None and ledger_content else None
         self._task = BatchTask(self._source, self._collate, transform, self.sample_seeding,
                                self._content["columns"] if self._content else None)
         self._DataLoader__initialized = True  # torch's guard: batch_size, sampler, ... are fixed

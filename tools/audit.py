@@ -2,7 +2,8 @@
 
 :func:`audit` reads one run (or two, to compare), runs every check and returns an
 :class:`~stoker.tools.audit_report.AuditReport`; rendering (terminal, JSON, HTML) is separate.
-Checks: identity, stream (continuity, truncation), resumes, events, replay, coverage,
+Checks: identity, stream (continuity, truncation), resumes, events, replay, content (the
+delivered bytes against the verified shards), coverage,
 comparison (with a second run), integrity (shards re-hashed), stall (info only).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 
 from stoker.tools.audit_compare import compare_check
+from stoker.tools.audit_content import content_check
 from stoker.tools.audit_coverage import coverage_check
 from stoker.tools.audit_integrity import integrity_check
 from stoker.tools.audit_replay import Replayer, open_dataset, replay_check
@@ -23,7 +25,7 @@ __all__ = ["audit"]
 
 
 def audit(run: str | os.PathLike[str], run2: str | os.PathLike[str] | None = None, *,
-          dataset: str | None = None, verify: bool = True) -> AuditReport:
+          dataset: str | None = None, verify: bool = True, sample: float = 1.0) -> AuditReport:
     """Audit the run at ``run`` (a ledger or a directory of per-rank ledgers).
 
     Args:
@@ -31,13 +33,14 @@ def audit(run: str | os.PathLike[str], run2: str | os.PathLike[str] | None = Non
         run2: a second run to compare with (first divergence, header differences).
         dataset: where the dataset lives now, if not where the ledger says.
         verify: re-hash the shards of a local dataset.
+        sample: share of the steps whose delivered content is rebuilt and compared.
     """
     first = load_run(run)
     view = open_dataset(first.header, dataset)
     checks: list[Check] = [identity_check(first), stream_check(first), resume_check(first),
                            events_check(first)]
     replay, match = replay_check(first, view)
-    checks += [replay, coverage_check(first, match)]
+    checks += [replay, content_check(first, view, sample), coverage_check(first, match)]
     if run2 is not None:
         second = load_run(run2)
         replayer = Replayer(view.shard_rows) if view.shard_rows is not None else None

@@ -60,6 +60,14 @@ def _section(c: Check, report: AuditReport) -> str:
         body.append("<p>versions</p>" + _kv(d.get("versions", {})))
     elif c.name == "replay" and d.get("first_mismatch"):
         body.append("<p>first mismatch</p>" + _kv(d["first_mismatch"]))
+    elif c.name == "content" and "steps_checked" in d:
+        body.append(_kv({"steps recorded": d["steps_recorded"],
+                         "steps checked": d["steps_checked"], "mismatches": d["mismatched"],
+                         "sample": d["sample"], "shards verified": d["shards_verified"]}))
+        if d.get("mismatches"):
+            body.append("<p>mismatches (first 50)</p>" + _rows(
+                d["mismatches"], ("epoch", "step", "rank", "column", "expected_digest",
+                                  "delivered_digest", "file")))
     elif c.name == "coverage":
         body.append(_rows(d.get("epochs", []), ("epoch", "verdict", "steps", "covered_steps",
                                                 "method", "duplicate_ids", "missing_ids")))

@@ -21,6 +21,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="OUT.json", help="write the JSON report here")
     p.add_argument("--dataset", metavar="PATH",
                    help="where the dataset lives now, if not where the ledger says")
+    p.add_argument("--sample", type=_fraction, default=1.0, metavar="FRACTION",
+                   help="rebuild and compare the delivered content of this share of the steps "
+                        "(e.g. 0.01 for very long runs; default 1: every step)")
     p.add_argument("--no-verify", action="store_true",
                    help="do not re-hash the dataset's shards")
     p.add_argument("-q", "--quiet", action="store_true", help="no terminal summary")
@@ -32,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     from stoker.tools.audit_html import render_html
     from stoker.tools.audit_report import terminal_summary
 
-    report = audit(args.run, args.run2, dataset=args.dataset, verify=not args.no_verify)
+    report = audit(args.run, args.run2, dataset=args.dataset, verify=not args.no_verify,
+                   sample=args.sample)
     if args.output:
         _write(args.output, render_html(report))
     if args.json:
@@ -40,6 +44,17 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(terminal_summary(report))
     return report.exit_code
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"--sample {text!r}: give a fraction in (0, 1], "
+                                         "e.g. 0.01")
+    return value
 
 
 def _write(path: str, text: str) -> None:

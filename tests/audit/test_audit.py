@@ -30,7 +30,7 @@ def test_clean_run_passes_with_exit_0(tmp_path: Path, dataset, kit, ids: bool, c
     assert doc["reproducible"] is True
     assert {k: v["status"] for k, v in doc["checks"].items()} == {
         "identity": "pass", "stream": "pass", "resumes": "pass", "events": "pass", "replay": "pass",
-        "coverage": "pass", "integrity": "pass", "stall": "info"}
+        "content": "skip", "coverage": "pass", "integrity": "pass", "stall": "info"}
     epochs = doc["checks"]["coverage"]["details"]["epochs"]
     assert [(e["epoch"], e["complete"], e["method"]) for e in epochs] == [
         (0, True, "ids" if ids else "replay"), (1, True, "ids" if ids else "replay")]
