@@ -189,8 +189,8 @@ class ProcessPool(WorkerPool):
             self._tries[seq] = self._tries.get(seq, 0) + 1
             if self._tries[seq] >= _MAX_TRIES:
                 raise WorkerError(f"DataLoader worker process {w.index} (pid {pid}) "
-                                  f"{_death(code)} producing {batch_name(seq)}, the "
-                                  f"{self._tries[seq]}th worker to die on it; the batch kills "
+                                  f"{_death(code)} producing {batch_name(seq)}; "
+                                  f"{self._tries[seq]} workers have died on it, so the batch kills "
                                   "its worker (a crash in a transform or native code?). No "
                                   "batch was skipped: fix the cause and re-create the iterator.")
         log.warning("DataLoader worker process %d (pid %s) %s; restarting it and handing out "

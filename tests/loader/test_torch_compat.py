@@ -7,6 +7,7 @@ import torch
 from torch.utils.data import BatchSampler, SequentialSampler, SubsetRandomSampler
 
 from stoker.loader import DataLoader
+from torch_compare import assert_same
 
 
 class Pairs(torch.utils.data.Dataset):
@@ -19,21 +20,6 @@ class Pairs(torch.utils.data.Dataset):
 
 def _collate(samples: list) -> torch.Tensor:
     return torch.stack([s["x"] for s in samples]).sum(dim=1) + 0.5
-
-
-def _same(a, b) -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            _same(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b)
-        for x, y in zip(a, b):
-            _same(x, y)
-    else:
-        assert a == b
 
 
 SCENARIOS = {
@@ -63,7 +49,7 @@ def test_identical_batches(name: str, num_workers: int) -> None:
     ours_loader = DataLoader(Pairs(), num_workers=num_workers, **kw)
     ours = list(ours_loader)
     assert len(ours) == len(theirs) == len(ours_loader)
-    _same(theirs, ours)
+    assert_same(theirs, ours)
     ours_loader.close()
 
 
