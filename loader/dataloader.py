@@ -34,6 +34,8 @@ from stoker.loader.errors import StateError
 from stoker.loader.fallbacks import FallbackAccount
 from stoker.loader.images import ImageOptions
 from stoker.loader.loader_world import WorldPlan
+from stoker.loader.mixture import Mixture
+from stoker.loader.mixture_source import MixtureSource, check_columns, is_mixture
 from stoker.loader.order import OrderOptions
 from stoker.loader.record_store import default_dir
 from stoker.loader.samplers import OrderBatchSampler, OrderSampler
@@ -159,7 +161,7 @@ class DataLoader(WorldPlan, TorchDataLoader[T_co]):
         self.transform = transform
         self.sample_seeding = bool(sample_seeding)
         self.worker_mode = check_worker_mode(
-            worker_mode, not isinstance(dataset, (str, os.PathLike, Manifest)))
+            worker_mode, not isinstance(dataset, (str, os.PathLike, Manifest, Mixture)))
         self._world_arg = (rank, world_size)
         self._world: tuple[int, int] | None = None
         self._cache = None
@@ -221,35 +223,28 @@ class DataLoader(WorldPlan, TorchDataLoader[T_co]):
                      features: Sequence[str] | None, collate_fn: Callable[[Any], Any] | None,
                      batch_size: int | None, auto_collation: bool, cache_dir: Any,
                      cache_limit: Any, storage_options: Mapping[str, Any] | None,
-                     partitions: int | None) -> ArrowSource | TorchSource:
-        if isinstance(dataset, (str, os.PathLike, Manifest)):
-            manifest = dataset if isinstance(dataset, Manifest) else \
-                Manifest.load(os.fspath(dataset), storage_options)
-            self.location = redact_url(manifest.root or "")
+                     partitions: int | None) -> ArrowSource | MixtureSource | TorchSource:
+        if isinstance(dataset, (str, os.PathLike, Manifest, Mixture)):
             if batch_size is None:
                 raise ValueError("batch_size=None (no batching) is supported for map-style torch "
                                  "datasets only; pass batch_size >= 1 for a stoker dataset.")
-            opener, max_open = None, 256
-            if cache_dir is not None or is_remote(manifest.root):
-                from stoker.loader.remote import open_cache, pin_bound
-
-                max_open = pin_bound(manifest, partitions or OrderOptions().partitions,
-                                     self.world_size, self.num_workers, cache_limit)
-                self._cache, opener = open_cache(manifest, cache_dir, cache_limit,
-                                                 storage_options, max_open, self._cache_options)
-            elif manifest.kind == "arrow":
-                check_local_shards(manifest)
-            make = ArrowSource
-            if manifest.kind != "arrow":  # files indexed in place by `stoker index`
-                from stoker.loader.index_source import IndexSource
-
-                make = IndexSource
-            source = make(manifest, columns=columns, features=features, opener=opener,
-                          max_open=max_open, categoricals=self._categoricals,
-                          image=self._image, pin=self._pin_source, row_major=self._row_major,
-                          row_major_dir=self._row_major_dir,
-                          ring_depth=max(8, self.num_workers * self._prefetch + 3))
             self._collate = self.collate_fn = collate_fn
+
+            def reader(manifest: Manifest) -> tuple[ArrowSource, Any]:
+                return self._reader(manifest, columns, features, cache_dir, cache_limit,
+                                    storage_options, partitions)
+
+            if is_mixture(dataset):  # stoker.loader.mixture: one reader per source
+                mixture = dataset if isinstance(dataset, Mixture) else \
+                    Mixture.load(dataset, storage_options)
+                self.location = repr(mixture) if isinstance(dataset, Mixture) else \
+                    os.fspath(dataset)
+                check_columns(mixture, columns, features, self._categoricals, self._image)
+                return MixtureSource(mixture, reader)
+            manifest = dataset if isinstance(dataset, Manifest) else \
+                Manifest.load(os.fspath(dataset), storage_options)
+            self.location = redact_url(manifest.root or "")
+            source, self._cache = reader(manifest)
             return source
         if isinstance(dataset, IterableDataset):
             raise TypeError("IterableDataset is not supported: stoker's order needs random access. "
@@ -266,6 +261,33 @@ class DataLoader(WorldPlan, TorchDataLoader[T_co]):
         self.collate_fn = collate_fn or (default_collate if auto_collation else default_convert)
         return TorchSource(dataset, self.collate_fn, batched=auto_collation,
                            seeding=self.sample_seeding)
+
+    def _reader(self, manifest: Manifest, columns: Sequence[str] | None,
+                features: Sequence[str] | None, cache_dir: Any, cache_limit: Any,
+                storage_options: Mapping[str, Any] | None,
+                partitions: int | None) -> tuple[ArrowSource, Any]:
+        """The reader of one stoker dataset and its shard cache (``None`` when local)."""
+        opener, max_open, cache = None, 256, None
+        if cache_dir is not None or is_remote(manifest.root):
+            from stoker.loader.remote import open_cache, pin_bound
+
+            max_open = pin_bound(manifest, partitions or OrderOptions().partitions,
+                                 self.world_size, self.num_workers, cache_limit)
+            cache, opener = open_cache(manifest, cache_dir, cache_limit, storage_options,
+                                       max_open, self._cache_options)
+        elif manifest.kind == "arrow":
+            check_local_shards(manifest)
+        make = ArrowSource
+        if manifest.kind != "arrow":  # files indexed in place by `stoker index`
+            from stoker.loader.index_source import IndexSource
+
+            make = IndexSource
+        source = make(manifest, columns=columns, features=features, opener=opener,
+                      max_open=max_open, categoricals=self._categoricals,
+                      image=self._image, pin=self._pin_source, row_major=self._row_major,
+                      row_major_dir=self._row_major_dir,
+                      ring_depth=max(8, self.num_workers * self._prefetch + 3))
+        return source, cache
 
     # -- torch-compatible surface -----------------------------------------------------------
     def __len__(self) -> int:
@@ -374,6 +396,8 @@ class DataLoader(WorldPlan, TorchDataLoader[T_co]):
             header["in_order"] = False
         if self._source.kind == "torch":
             header["dataset_len"] = self._plan.num_samples
+        if self._source.kind == "mixture":
+            header["mixture"] = self._source.mixture.describe()
         if self._content is not None:
             header["content"] = self._content
         self._ledger = LedgerWriter(self._ledger_path, header, ids=self._ledger_ids)

@@ -16,7 +16,7 @@ import numpy as np
 from stoker.loader.failure import add_note
 from stoker.loader.content_digest import batch_digests
 from stoker.loader.fallbacks import Noted, collecting
-from stoker.loader.order import EpochOrder
+from stoker.loader.mixture_order import source_order
 from stoker.loader.sample_rng import batch_seed
 from stoker.loader.schedule import rank_batch_ids
 from stoker.loader.worker_info import user_code
@@ -87,8 +87,7 @@ class EpochIterator:
         self._epoch = loader._epoch
         self._closed = False
         if loader._mode == "order":
-            order = EpochOrder(loader._source.shard_rows, loader._source.fingerprint,
-                               loader.seed, self._epoch, loader.order_options)
+            order = source_order(loader._source, loader.seed, self._epoch, loader.order_options)
             plan = loader._plan
             self._ids = lambda step: rank_batch_ids(order, plan, step)
             self._steps = iter(range(loader._step, plan.steps_per_epoch))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from torch.utils.data import BatchSampler, DistributedSampler
 
 from stoker.loader.errors import LoaderError
-from stoker.loader.order import EpochOrder
+from stoker.loader.mixture_order import source_order
 from stoker.loader.schedule import rank_batch_ids
 
 if TYPE_CHECKING:
@@ -42,8 +42,7 @@ class _OfLoader:
     def _batches(self) -> Iterator[list[int]]:
         loader = self._loader
         plan, epoch = loader._configured(), loader.epoch
-        order = EpochOrder(loader._source.shard_rows, loader._source.fingerprint, loader.seed,
-                           epoch, loader.order_options)
+        order = source_order(loader._source, loader.seed, epoch, loader.order_options)
         for step in range(plan.steps_per_epoch):
             yield rank_batch_ids(order, plan, step).tolist()
 

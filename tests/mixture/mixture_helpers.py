@@ -1,0 +1,58 @@
+"""Small mixture datasets and an independent model of a mixture's stream.
+
+Every source has the same columns: ``id`` (the sample's id within its source, so order is
+observable), ``x`` (float32), ``seq`` (list<float32> of id % 3 values) and ``name``. The model
+follows the docstrings of ``stoker.loader.mixture`` and ``stoker.loader.mixture_order``: the
+blend's (source, pick) per global position, then ``EpochOrder`` of that source for the pick's
+pass (``pick div N_i``) at ``pick mod N_i``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pyarrow as pa
+
+from shard_writer import write_dataset
+from stoker.loader.mixture import Mixture
+from stoker.loader.order import EpochOrder, OrderOptions
+from stoker.manifest import Manifest
+
+
+def make_source(root: Path, shard_rows: list[int], x_type: pa.DataType = pa.float32(),
+                salt: int = 0) -> Manifest:
+    """A dataset of ``sum(shard_rows)`` samples, one shard per entry."""
+    starts = np.concatenate([[0], np.cumsum(shard_rows)]).astype(np.int64)
+    tables = []
+    for s in range(len(shard_rows)):
+        ids = np.arange(starts[s], starts[s + 1], dtype=np.int64)
+        tables.append(pa.table({
+            "id": ids,
+            "x": pa.array((ids * 0.5 + salt).astype(np.float64), x_type),
+            "seq": pa.array([[float(i)] * int(i % 3) for i in ids], pa.list_(pa.float32())),
+            "name": [f"s{salt}-{i}" for i in ids],
+        }))
+    return write_dataset(root, tables, "none", 8)
+
+
+def pairs(batches: Iterable[Any]) -> list[tuple[int, int]]:
+    """(source, id) of every sample of ``batches``, in order."""
+    return [(int(s), int(i)) for b in batches
+            for s, i in zip(b["source"].tolist(), b["id"].tolist())]
+
+
+def expected(mixture: Mixture, seed: int, start: int, stop: int,
+             options: OrderOptions) -> list[tuple[int, int]]:
+    """(source, id) of global stream positions ``[start, stop)`` by the written rule."""
+    src, pick = mixture.blend.picks(start, stop)
+    out = []
+    orders: dict[tuple[int, int], EpochOrder] = {}
+    for i, j in zip(src.tolist(), pick.tolist()):
+        m, n = mixture.manifests[i], mixture.sizes[i]
+        key = (i, j // n)
+        if key not in orders:
+            orders[key] = EpochOrder(m.shard_rows, m.fingerprint, seed, j // n, options)
+        out.append((i, int(orders[key].ids_at(np.array([j % n]))[0])))
+    return out
