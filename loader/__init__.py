@@ -9,14 +9,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["DataLoader", "ImageOptions", "LoaderError", "LoaderTimeoutError", "StateError",
-           "WorkerError"]
+__all__ = ["DataLoader", "ImageOptions", "LoaderError", "LoaderTimeoutError", "Mixture",
+           "MixtureError", "StateError", "WorkerError"]
 
 _WHERE = {
     "DataLoader": "stoker.loader.dataloader",
     "ImageOptions": "stoker.loader.images",
     "LoaderError": "stoker.loader.errors",
     "LoaderTimeoutError": "stoker.loader.errors",
+    "Mixture": "stoker.loader.mixture",
+    "MixtureError": "stoker.loader.mixture",
     "StateError": "stoker.loader.errors",
     "WorkerError": "stoker.loader.errors",
 }

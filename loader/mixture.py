@@ -33,31 +33,16 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from stoker.loader.blend import BLEND_ALGORITHM, Blend, BlendError, exact_weight
+from stoker.loader.mixture_file import MIXTURE_FORMAT
 from stoker.manifest import Manifest, ManifestError, canonical_json, hash_bytes, is_url, redact_url
 
-__all__ = ["MIXTURE_FORMAT", "Mixture", "MixtureError", "is_mixture_file"]
+__all__ = ["Mixture", "MixtureError"]
 
-MIXTURE_FORMAT = "stoker-mixture/1"
 
 
 class MixtureError(ManifestError):
     """A mixture that cannot be read: bad weights or schedule, an empty or unknown source, a
     malformed ``mixture.json``, or sources that disagree on a requested column."""
-
-
-def is_mixture_file(location: Any) -> bool:
-    """Whether ``location`` is a local ``.json`` file holding a mixture (not a manifest)."""
-    if not isinstance(location, (str, os.PathLike)):
-        return False
-    path = os.fspath(location)
-    if is_url(path) or not path.endswith(".json") or not os.path.isfile(path):
-        return False
-    try:
-        with open(path, "rb") as f:
-            doc = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False  # Manifest.load reports what is wrong with the file
-    return isinstance(doc, dict) and "sources" in doc and "shards" not in doc
 
 
 class Mixture:

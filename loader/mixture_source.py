@@ -17,7 +17,8 @@ import pyarrow as pa
 import torch
 
 from stoker.loader.arrow_source import ArrowSource
-from stoker.loader.mixture import Mixture, MixtureError, is_mixture_file
+from stoker.loader.mixture import Mixture, MixtureError
+from stoker.loader.mixture_file import is_mixture_file
 from stoker.loader.mixture_order import MixtureOrder, PassOrders
 from stoker.loader.order import OrderOptions
 from stoker.manifest import Manifest, ManifestError

@@ -4,7 +4,8 @@
 :class:`~stoker.tools.audit_report.AuditReport`; rendering (terminal, JSON, HTML) is separate.
 Checks: identity, stream (continuity, truncation), resumes, events, replay, content (the
 delivered bytes against the verified shards), coverage,
-comparison (with a second run), integrity (shards re-hashed), stall (info only).
+comparison (with a second run), integrity (shards re-hashed), stall (info only). A run over a
+mixture replaces coverage with per-source coverage per pass and realised proportions.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from stoker.tools.audit_compare import compare_check
 from stoker.tools.audit_content import content_check
 from stoker.tools.audit_coverage import coverage_check
 from stoker.tools.audit_integrity import integrity_check
-from stoker.tools.audit_replay import Replayer, open_dataset, replay_check
+from stoker.tools.audit_mixture import (CONTENT_SKIPPED, integrity_of_sources, open_mixture,
+                                        source_checks)
+from stoker.tools.audit_replay import open_dataset, replay_check
 from stoker.tools.audit_report import AuditReport, Check
 from stoker.tools.audit_run import load_run
 from stoker.tools.audit_stall import stall_check
@@ -36,21 +39,27 @@ def audit(run: str | os.PathLike[str], run2: str | os.PathLike[str] | None = Non
         sample: share of the steps whose delivered content is rebuilt and compared.
     """
     first = load_run(run)
-    view = open_dataset(first.header, dataset)
+    mixture = first.header.get("kind") == "mixture"  # stoker.tools.audit_mixture
+    view = open_mixture(first.header, dataset) if mixture else open_dataset(first.header, dataset)
     checks: list[Check] = [identity_check(first), stream_check(first), resume_check(first),
                            events_check(first)]
     replay, match = replay_check(first, view)
-    checks += [replay, content_check(first, view, sample), coverage_check(first, match)]
+    series: dict = {}
+    if mixture:
+        sources, proportions, series["mixture"] = source_checks(first, view, match)
+        checks += [replay, Check("content", "skip", CONTENT_SKIPPED), sources, proportions]
+    else:
+        checks += [replay, content_check(first, view, sample), coverage_check(first, match)]
     if run2 is not None:
         second = load_run(run2)
-        replayer = Replayer(view.shard_rows) if view.shard_rows is not None else None
+        replayer = view.replayer() if view.shard_rows is not None else None
         match2 = None
         same_data = second.header.get("fingerprint") == first.header.get("fingerprint")
         if replayer is not None and same_data:
             match2 = replay_check(second, view)[1]
         checks.append(compare_check(first, second, replayer, match, match2))
-    checks.append(integrity_check(view, verify))
-    stall, series = stall_check(first)
+    checks.append(integrity_of_sources(view, verify) if mixture else integrity_check(view, verify))
+    stall, series["stall"] = stall_check(first)
     checks.append(stall)
     runs = [os.fspath(run)] + ([os.fspath(run2)] if run2 is not None else [])
-    return AuditReport(runs, checks, {"stall": series})
+    return AuditReport(runs, checks, series)

@@ -7,6 +7,7 @@ from html import escape
 from typing import Any
 
 from stoker.tools.audit_report import AuditReport, Check
+from stoker.tools.audit_mixture import shares_chart
 from stoker.tools.audit_svg import line_chart
 
 __all__ = ["render_html"]
@@ -45,6 +46,9 @@ def render_html(report: AuditReport) -> str:
     parts.append("</table>")
     parts.append("<h2 id=\"plots\">data stall and throughput</h2>")
     parts.append(_plots(report.series.get("stall", {})))
+    if report.series.get("mixture"):  # a run over a mixture (stoker.tools.audit_mixture)
+        parts.append("<h2 id=\"shares\">realised proportions</h2>")
+        parts.append(shares_chart(report.series["mixture"]))
     for c in report.checks:
         parts.append(_section(c, report))
     parts.append("</body></html>\n")
@@ -68,6 +72,10 @@ def _section(c: Check, report: AuditReport) -> str:
             body.append("<p>mismatches (first 50)</p>" + _rows(
                 d["mismatches"], ("epoch", "step", "rank", "column", "expected_digest",
                                   "delivered_digest", "file")))
+    elif c.name in ("sources", "proportions") and d.get("sources"):
+        body.append(_rows(d["sources"], ("source", "samples", "consumed", "passes_complete",
+                                         "unproven", "target", "realised_share",
+                                         "target_share", "deviation")))
     elif c.name == "coverage":
         body.append(_rows(d.get("epochs", []), ("epoch", "verdict", "steps", "covered_steps",
                                                 "method", "duplicate_ids", "missing_ids")))

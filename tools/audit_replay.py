@@ -44,6 +44,10 @@ class DatasetView:
     problem: str | None
     changed: bool = False
 
+    def replayer(self) -> "Replayer":
+        """What recomputes the run's steps (a mixture's view returns its own)."""
+        return Replayer(self.shard_rows)  # type: ignore[arg-type]
+
 
 def open_dataset(header: dict[str, Any], override: str | None) -> DatasetView:
     """Find the run's dataset (see the module docstring)."""
@@ -147,7 +151,7 @@ def replay_check(run: Run, view: DatasetView) -> tuple[Check, np.ndarray | None]
         status = "fail" if view.changed else "skip"
         return Check("replay", status, view.problem or "not replayable",
                      {"dataset": view.location}), None
-    replayer = Replayer(view.shard_rows)
+    replayer = view.replayer()
     recs = run.records
     match = np.zeros(len(recs), dtype=bool)
     first: dict[str, Any] | None = None

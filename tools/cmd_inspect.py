@@ -13,7 +13,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="summarise a dataset (schema, counts, sizes)",
                        description="Print schema, samples, shards, bytes, compression ratio, "
                        "fingerprint and provenance of a stoker dataset.")
-    p.add_argument("dataset", metavar="DST", help="dataset directory or manifest URL")
+    p.add_argument("dataset", metavar="DST", help="dataset directory, manifest URL or mixture.json")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     return p
 
@@ -54,6 +54,12 @@ def run(args: argparse.Namespace) -> int:
     from stoker.manifest import Manifest
     from stoker.sharder import format_size
 
+    from stoker.loader.mixture_file import is_mixture_file
+
+    if is_mixture_file(args.dataset):  # a mixture.json: stoker.tools.inspect_mixture
+        from stoker.tools.inspect_mixture import print_mixture
+
+        return print_mixture(args.dataset, args.json)
     info = summarize(Manifest.load(args.dataset))
     if args.json:
         print(json.dumps(info, indent=1, sort_keys=True))
