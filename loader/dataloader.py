@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import BatchSampler, IterableDataset, Sampler
 from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data._utils.collate import default_collate, default_convert
+from torch.utils.data.dataloader import _InfiniteConstantSampler
 
 from stoker.loader import warmup
 from stoker.loader.args import (check_local_shards, check_sampling_args, check_worker_args,
@@ -30,14 +31,16 @@ from stoker.loader.distributed import resolve_world
 from stoker.loader.content_digest import content_header
 from stoker.loader.arrow_source import ArrowSource
 from stoker.loader.epoch_iter import BatchTask, EpochIterator
-from stoker.loader.errors import StateError
 from stoker.loader.fallbacks import FallbackAccount
 from stoker.loader.images import ImageOptions
+from stoker.loader.iterable import IterableEpoch, IterableSource, IterableTask
+from stoker.loader.loader_state import Resumable
 from stoker.loader.loader_world import WorldPlan
 from stoker.loader.mixture import Mixture
 from stoker.loader.mixture_source import MixtureSource, check_columns, is_mixture
 from stoker.loader.order import OrderOptions
 from stoker.loader.record_store import default_dir
+from stoker.loader.run_ledger import open_ledger
 from stoker.loader.samplers import OrderBatchSampler, OrderSampler
 from stoker.loader.seed import resolve_seed, worker_base_seed
 from stoker.loader.state import LoaderState
@@ -52,7 +55,7 @@ __all__ = ["DataLoader"]
 T_co = TypeVar("T_co", covariant=True)
 
 
-class DataLoader(WorldPlan, TorchDataLoader[T_co]):
+class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
     """Iterable over batches, accepting ``torch.utils.data.DataLoader``'s arguments.
 
     Args beyond torch's:
@@ -180,8 +183,13 @@ class DataLoader(WorldPlan, TorchDataLoader[T_co]):
         self._source = self._make_source(dataset, columns, features, collate_fn, batch_size,
                                          auto_collation, cache_dir, cache_limit,
                                          storage_options, partitions)
-        self._mode = "sampler" if (sampler is not None or batch_sampler is not None) else "order"
-        if self._mode == "sampler":
+        self._mode = "iterable" if self._source.kind == "iterable" else "sampler" \
+            if (sampler is not None or batch_sampler is not None) else "order"
+        if self._mode == "iterable":  # torch's placeholders: an IterableDataset has no sampler
+            self.sampler = _InfiniteConstantSampler()
+            self.batch_sampler = BatchSampler(self.sampler, batch_size, drop_last) \
+                if batch_size is not None else None
+        elif self._mode == "sampler":
             self.sampler = sampler
             self.batch_sampler = batch_sampler if batch_sampler is not None or batch_size is None \
                 else BatchSampler(sampler, batch_size, drop_last)  # type: ignore[arg-type]
@@ -213,8 +221,12 @@ class DataLoader(WorldPlan, TorchDataLoader[T_co]):
         self._cache_seen: Any = None  # cache counters already written to the ledger
         self._content = content_header(self._source) \
             if ledger is not None and ledger_content else None
-        self._task = BatchTask(self._source, self._collate, transform, self.sample_seeding,
-                               self._content["columns"] if self._content else None)
+        self._iterable_state: dict[str, Any] | None = None  # loaded, for the next pass
+        self._task = IterableTask(dataset, self.collate_fn, batch_size, drop_last,
+                                  self._content is not None, self.worker_mode == "thread") \
+            if self._mode == "iterable" else \
+            BatchTask(self._source, self._collate, transform, self.sample_seeding,
+                      self._content["columns"] if self._content else None)
         self._DataLoader__initialized = True  # torch's guard: batch_size, sampler, ... are fixed
         self.check_worker_number_rationality()
 
@@ -246,9 +258,11 @@ class DataLoader(WorldPlan, TorchDataLoader[T_co]):
             self.location = redact_url(manifest.root or "")
             source, self._cache = reader(manifest)
             return source
-        if isinstance(dataset, IterableDataset):
-            raise TypeError("IterableDataset is not supported: stoker's order needs random access. "
-                            "Convert the data with `stoker shard` or pass a map-style Dataset.")
+        self._collate = None
+        self.collate_fn = collate_fn or (default_collate if auto_collation else default_convert)
+        if isinstance(dataset, IterableDataset):  # torch's semantics, see stoker.loader.iterable
+            self.location = f"<{type(dataset).__name__}>"
+            return IterableSource(dataset)
         if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
             raise TypeError(f"dataset must be a stoker dataset path/URL, a Manifest or a map-style "
                             f"torch Dataset with __len__ and __getitem__; got {type(dataset).__name__}")
@@ -257,8 +271,6 @@ class DataLoader(WorldPlan, TorchDataLoader[T_co]):
                 or self._image is not None:
             raise ValueError("columns=, features=, categoricals= and image= apply to stoker "
                              "datasets only")
-        self._collate = None
-        self.collate_fn = collate_fn or (default_collate if auto_collation else default_convert)
         return TorchSource(dataset, self.collate_fn, batched=auto_collation,
                            seeding=self.sample_seeding)
 
@@ -291,6 +303,9 @@ class DataLoader(WorldPlan, TorchDataLoader[T_co]):
 
     # -- torch-compatible surface -----------------------------------------------------------
     def __len__(self) -> int:
+        if self._mode == "iterable":  # torch's: the dataset's len() in batches
+            n, size = len(self.dataset), self.batch_size or 1
+            return n // size if self.drop_last else -(-n // size)
         if self._mode == "sampler":
             return len(self._batches_from_sampler())  # type: ignore[arg-type]
         return self._configured().steps_per_epoch
@@ -310,52 +325,16 @@ class DataLoader(WorldPlan, TorchDataLoader[T_co]):
         if self._active is not None:
             self._active.close()
         self._configured()  # rank and world size as the process group has them now
+        if self.num_workers:
+            self.check_worker_number_rationality()  # torch warns at every iter() too
+        if self._mode == "iterable":
+            self._active = IterableEpoch(self)
+            return self._active
         if self._step >= len(self):  # a state saved right at the end of an epoch
             self._epoch, self._step, self._ahead = self._epoch + 1, 0, set()
         self._loaded = None
         self._active = EpochIterator(self)
         return self._active
-
-    # -- state -----------------------------------------------------------------------------
-    def _position(self) -> tuple[int, int]:
-        """(epoch, step); "after the last batch of epoch e" is reported as (e + 1, 0)."""
-        steps = len(self)
-        if steps and self._step >= steps:
-            return self._epoch + 1, 0
-        return self._epoch, self._step
-
-    def _state(self) -> LoaderState:
-        epoch, step = self._position()
-        plan = self._configured()
-        return LoaderState(
-            fingerprint=self._source.fingerprint, kind=self._source.kind,
-            num_samples=plan.num_samples, seed=self.seed, epoch=epoch,
-            step=step, global_batch=plan.global_batch, drop_last=self.drop_last,
-            order=self.order_options.to_dict(), world_size=plan.world_size, rank=plan.rank,
-            mode=self._mode, ahead=tuple(sorted(self._ahead)) if step == self._step else ())
-
-    def state_dict(self) -> dict[str, Any]:
-        """The position after the last batch yielded: JSON-plain, small."""
-        return self._state().to_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state``: the next batch is the one after the state's last batch."""
-        saved = LoaderState.from_dict(state)
-        saved.check_compatible(self._state())
-        if self._active is not None:
-            self._active.close()
-        self.seed = saved.seed
-        self._epoch, self._step = saved.epoch, saved.step
-        if self._step > len(self):
-            raise StateError(f"state step {saved.step} is past the end of the epoch "
-                             f"({len(self)} steps); the state does not belong to this loader.")
-        self._epoch, self._step = self._position()
-        self._ahead = set(saved.ahead)
-        self._loaded = saved
-        if self._ledger is not None:
-            self._ledger.event("resume", state=saved.to_dict())
-        else:  # written when the ledger opens, at the next iteration
-            self._resumed_from = saved.to_dict()
 
     # -- internals ---------------------------------------------------------------------------
     def _batches_from_sampler(self) -> Any:
@@ -363,13 +342,13 @@ class DataLoader(WorldPlan, TorchDataLoader[T_co]):
         the sampler yields, each passed to ``dataset[...]`` as it is (as in torch)."""
         return self.batch_sampler if self.batch_sampler is not None else self.sampler
 
-    def _get_pool(self) -> WorkerPool | None:
+    def _get_pool(self, targeted: bool = False) -> WorkerPool | None:
         if self.num_workers == 0:
             return None
         if self._pool is None:
             setup = WorkerSetup(self.num_workers, self.worker_init_fn,
                                 worker_base_seed(self.seed, self._epoch), self.dataset,
-                                self.multiprocessing_context)
+                                self.multiprocessing_context, targeted)
             self._pool = make_pool(self._task, self.worker_mode, setup)
         return self._pool
 
@@ -381,29 +360,7 @@ class DataLoader(WorldPlan, TorchDataLoader[T_co]):
     def _ledger_writer(self) -> Any:
         if self._ledger_path is None or self._ledger is not None:
             return self._ledger
-        from stoker.loader.ledger import LedgerWriter
-
-        header = {
-            "dataset": self.location, "fingerprint": self._source.fingerprint,
-            "num_samples": self._plan.num_samples, "seed": self.seed,
-            "order": self.order_options.to_dict(), "global_batch": self._plan.global_batch,
-            "world_size": self.world_size, "rank": self.rank, "drop_last": self.drop_last,
-            "num_workers": self.num_workers, "worker_mode": self.worker_mode,
-            "start_epoch": self._epoch, "kind": self._source.kind, "mode": self._mode,
-            "sample_seeding": self.sample_seeding,
-        }
-        if not self.in_order:  # batches are yielded as they are ready: no order contract
-            header["in_order"] = False
-        if self._source.kind == "torch":
-            header["dataset_len"] = self._plan.num_samples
-        if self._source.kind == "mixture":
-            header["mixture"] = self._source.mixture.describe()
-        if self._content is not None:
-            header["content"] = self._content
-        self._ledger = LedgerWriter(self._ledger_path, header, ids=self._ledger_ids)
-        if self._resumed_from is not None:
-            self._ledger.event("resume", state=self._resumed_from)
-            self._resumed_from = None
+        self._ledger = open_ledger(self)
         return self._ledger
 
     def close(self) -> None:

@@ -130,6 +130,7 @@ class ProcessPool(WorkerPool):
         self._fn, self._setup = fn, setup
         self.num_workers = setup.num_workers
         self._backlog: collections.deque[tuple[Any, Any]] = collections.deque()
+        self._targets: dict[Any, int] = {}  # seq -> its worker, in a targeted pool
         self._results: dict[Any, Any] = {}
         self._tries: dict[Any, int] = {}
         self._restarts: list[dict[str, Any]] = []
@@ -146,18 +147,33 @@ class ProcessPool(WorkerPool):
         out, self._restarts = self._restarts, []
         return out
 
-    def submit(self, seq: Any, payload: Any) -> None:
+    def submit(self, seq: Any, payload: Any, worker: int | None = None) -> None:
         self._backlog.append((seq, payload))
+        if worker is not None:
+            self._targets[seq] = worker
         self._dispatch()
 
+    def _send(self, w: _Proc, seq: Any, payload: Any) -> bool:
+        w.taken[seq] = payload
+        try:
+            w.tasks.send((seq, payload))
+        except OSError:  # died meanwhile: _restart hands the batch out again (or raises)
+            return False
+        return True
+
     def _dispatch(self) -> None:
+        if self._setup.targeted:  # each task to its worker, each worker's tasks in order
+            for _ in range(len(self._backlog)):
+                seq, payload = self._backlog.popleft()
+                w = self._workers[self._targets[seq]]
+                if len(w.taken) >= _PER_WORKER:
+                    self._backlog.append((seq, payload))
+                else:
+                    self._send(w, seq, payload)
+            return
         for w in self._workers:
             while self._backlog and len(w.taken) < _PER_WORKER:
-                seq, payload = self._backlog.popleft()
-                w.taken[seq] = payload
-                try:
-                    w.tasks.send((seq, payload))
-                except OSError:  # died meanwhile: _restart hands the batch out again
+                if not self._send(w, *self._backlog.popleft()):
                     break
 
     def _receive(self, w: _Proc, current: Any, deadline: float | None) -> None:
@@ -185,6 +201,10 @@ class ProcessPool(WorkerPool):
     def _restart(self, w: _Proc) -> None:
         code, pid = w.process.exitcode, w.process.pid
         lost = list(w.taken.items())
+        if self._setup.targeted:  # its iterator and position died with it
+            raise WorkerError(f"DataLoader worker process {w.index} (pid {pid}) {_death(code)}; "
+                              "its IterableDataset iterator died with it, so the epoch cannot "
+                              "continue exactly. Fix the cause and re-create the iterator.")
         for seq, _ in lost:
             self._tries[seq] = self._tries.get(seq, 0) + 1
             if self._tries[seq] >= _MAX_TRIES:
@@ -234,6 +254,7 @@ class ProcessPool(WorkerPool):
 
     def discard_pending(self) -> None:
         self._backlog.clear()
+        self._targets.clear()
         self._results.clear()
         self._tries.clear()
         for w in self._workers:  # still running: their late results are dropped as stale

@@ -31,12 +31,15 @@ INIT = "__init__"  # the results key of a failed worker_init_fn
 class WorkerSetup:
     """What every worker of a pool starts with (torch's worker arguments)."""
 
-    __slots__ = ("base_seed", "dataset", "init", "mp_context", "num_workers")
+    __slots__ = ("base_seed", "dataset", "init", "mp_context", "num_workers", "targeted")
 
     def __init__(self, num_workers: int, init: Callable[[int], None] | None = None,
-                 base_seed: int = 0, dataset: Any = None, mp_context: Any = None) -> None:
+                 base_seed: int = 0, dataset: Any = None, mp_context: Any = None,
+                 targeted: bool = False) -> None:
         self.num_workers, self.init, self.base_seed = num_workers, init, base_seed
         self.dataset, self.mp_context = dataset, mp_context
+        # every task names its worker (an IterableDataset's iterator lives in one worker)
+        self.targeted = targeted
 
     def context(self, worker_id: int, mode: str) -> WorkerContext:
         return WorkerContext(worker_id, self.num_workers, self.base_seed, self.dataset, mode)
@@ -95,8 +98,9 @@ class WorkerPool(abc.ABC):
     num_workers: int
 
     @abc.abstractmethod
-    def submit(self, seq: Any, payload: Any) -> None:
-        """Queue ``payload`` (the ids of one batch) under sequence number ``seq``."""
+    def submit(self, seq: Any, payload: Any, worker: int | None = None) -> None:
+        """Queue ``payload`` (the ids of one batch) under sequence number ``seq``; in a
+        targeted pool, for ``worker``."""
 
     def get(self, seq: Any, timeout: float | None = None) -> Any:
         """Wait for the result of ``seq``; re-raise a worker's failure with its own type."""
@@ -151,20 +155,22 @@ class ThreadPool(WorkerPool):
     def __init__(self, fn: Task, setup: WorkerSetup) -> None:
         self.num_workers = setup.num_workers
         self._tasks: queue.Queue = queue.Queue()
+        n = setup.num_workers
+        self._queues = [queue.Queue() for _ in range(n)] if setup.targeted else [self._tasks] * n
         self._results: dict[Any, Any] = {}
         self._cond = threading.Condition()
         self._closed = False
         self._threads = [
             threading.Thread(target=_thread_main, name=f"stoker-worker-{i}", daemon=True,
-                             args=(fn, self._tasks, self._results, self._cond,
+                             args=(fn, self._queues[i], self._results, self._cond,
                                    setup.context(i, "thread"), setup.init))
             for i in range(setup.num_workers)
         ]
         for t in self._threads:
             t.start()
 
-    def submit(self, seq: Any, payload: Any) -> None:
-        self._tasks.put((seq, payload))
+    def submit(self, seq: Any, payload: Any, worker: int | None = None) -> None:
+        (self._tasks if worker is None else self._queues[worker]).put((seq, payload))
 
     def get_any(self, seqs: Sequence[Any], timeout: float | None = None) -> tuple[Any, Any]:
         deadline = None if not timeout else time.monotonic() + timeout
@@ -183,11 +189,12 @@ class ThreadPool(WorkerPool):
         return seq, out
 
     def discard_pending(self) -> None:
-        while True:
-            try:
-                self._tasks.get_nowait()
-            except queue.Empty:
-                break
+        for tasks in set(self._queues) | {self._tasks}:
+            while True:
+                try:
+                    tasks.get_nowait()
+                except queue.Empty:
+                    break
         with self._cond:
             self._results.clear()
 
@@ -196,8 +203,8 @@ class ThreadPool(WorkerPool):
             return
         self._closed = True
         self.discard_pending()
-        for _ in self._threads:
-            self._tasks.put(None)
+        for tasks in self._queues:
+            tasks.put(None)
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout=5)

@@ -58,10 +58,12 @@ def test_every_worker_mode_gives_torch_worker_info(mode: str) -> None:
     assert sorted(r["i"] for r in rows) == list(range(24))
     assert {r["id"] for r in rows} <= {0, 1} and {r["n"] for r in rows} == {2}
     assert all(r["own"] for r in rows)
-    seeds = {r["id"]: r["seed"] for r in rows}
-    assert len(set(seeds.values())) == len(seeds)  # base_seed + id, as torch
+    bases = {r["seed"] - r["id"] for r in rows}
+    assert len(bases) == 1  # seed = base_seed + id, as torch
     again = _rows(DataLoader(Probe(), batch_size=6, num_workers=2, worker_mode=mode, seed=11))
-    assert {r["id"]: r["seed"] for r in again} == seeds  # derived from the loader's seed
+    assert {r["seed"] - r["id"] for r in again} == bases  # derived from the loader's seed
+    other = _rows(DataLoader(Probe(), batch_size=6, num_workers=2, worker_mode=mode, seed=12))
+    assert {r["seed"] - r["id"] for r in other} != bases
     if mode == "process":
         # each worker configured its own copy; one intra-op thread per worker, as torch
         assert all(r["tag"] == f"worker{r['id']}" for r in rows)

@@ -1,0 +1,51 @@
+"""The ledger a DataLoader writes: its header describes the run (split from dataloader.py).
+
+Besides what an audit needs to replay the order, the header says when there is no order
+contract to replay: ``"in_order": false`` (batches yielded as they were ready) and
+``"iterable": "order not guaranteed"`` (an IterableDataset: content digests only).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stoker.loader.dataloader import DataLoader
+
+__all__ = ["ledger_header", "open_ledger"]
+
+
+def ledger_header(loader: DataLoader) -> dict[str, Any]:
+    """The JSON-plain description of ``loader``'s run."""
+    plan = loader._configured()
+    header = {
+        "dataset": loader.location, "fingerprint": loader._source.fingerprint,
+        "num_samples": plan.num_samples, "seed": loader.seed,
+        "order": loader.order_options.to_dict(), "global_batch": plan.global_batch,
+        "world_size": loader.world_size, "rank": loader.rank, "drop_last": loader.drop_last,
+        "num_workers": loader.num_workers, "worker_mode": loader.worker_mode,
+        "start_epoch": loader._epoch, "kind": loader._source.kind, "mode": loader._mode,
+        "sample_seeding": loader.sample_seeding,
+    }
+    if not loader.in_order:  # batches are yielded as they are ready: no order contract
+        header["in_order"] = False
+    if loader._mode == "iterable":
+        header["iterable"] = "order not guaranteed"
+    if loader._source.kind == "torch":
+        header["dataset_len"] = plan.num_samples
+    if loader._source.kind == "mixture":
+        header["mixture"] = loader._source.mixture.describe()
+    if loader._content is not None:
+        header["content"] = loader._content
+    return header
+
+
+def open_ledger(loader: DataLoader) -> Any:
+    """A LedgerWriter for ``loader`` at its ledger path, with a pending resume recorded."""
+    from stoker.loader.ledger import LedgerWriter
+
+    ledger = LedgerWriter(loader._ledger_path, ledger_header(loader), ids=loader._ledger_ids)
+    if loader._resumed_from is not None:
+        ledger.event("resume", state=loader._resumed_from)
+        loader._resumed_from = None
+    return ledger
