@@ -86,6 +86,9 @@ class EpochIterator:
         self._loader = loader
         self._epoch = loader._epoch
         self._closed = False
+        self._pool = self._ledger = None
+        # first: a ledger that refuses this loader (another writer, a restart) starts nothing
+        self._ledger = loader._ledger_writer()
         if loader._mode == "order":
             order = source_order(loader._source, loader.seed, self._epoch, loader.order_options)
             plan = loader._plan
@@ -111,7 +114,6 @@ class EpochIterator:
         self._submitted = 0
         depth = loader.num_workers * loader._prefetch
         self._depth = max(depth, 1)
-        self._ledger = loader._ledger_writer()
         loader.stats.begin()
 
     def _next_task(self) -> tuple[int, Any] | None:

@@ -12,7 +12,10 @@ name the user gave. ``stoker audit`` accepts one file or a directory (every ``*.
 
 Appending: opening an existing ledger appends a new segment (a resumed run continues the
 ledger it resumes). A tail left incomplete by a crash is cut off first and the number of
-bytes dropped is recorded in the new segment's header (``"dropped_tail_bytes"``).
+bytes dropped is recorded in the new segment's header (``"dropped_tail_bytes"``). One writer at
+a time: a second live writer of the same file is refused (stoker.loader.ledger_lock); the
+DataLoader also refuses to append to a ledger with progress unless it was resumed from a
+state or continues exactly where the ledger ends (``check``).
 
 Credentials never reach the file: header and event values are scrubbed before writing (keys
 named ``key``/``auth`` or containing ``storage_option``, ``credential``, ``token``, ``secret``,
@@ -32,10 +35,13 @@ import time
 import weakref
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import numpy as np
+
+from stoker.cache.lock import FileLock
 
 from stoker.loader.ledger_format import (
     FRAME_END,
@@ -46,16 +52,18 @@ from stoker.loader.ledger_format import (
     LedgerError,
     MAGIC,
     STEP_DTYPE,
+    decode_steps,
     encode_frame,
     encode_steps,
     ids_digest,
     iter_frames,
 )
+from stoker.loader.ledger_lock import lock_ledger
 from stoker.loader.ledger_reader import Ledger, LedgerSegment, content_columns, read_ledger
 from stoker.manifest import is_url, redact_url, stoker_version
 
-__all__ = ["Ledger", "LedgerError", "LedgerSegment", "LedgerWriter", "ledger_path", "read_ledger",
-           "scrub"]
+__all__ = ["Ledger", "LedgerError", "LedgerSegment", "LedgerWriter", "Progress", "ledger_path",
+           "read_ledger", "scrub"]
 
 _SECRET_WORDS = ("storage_option", "credential", "token", "secret", "password", "passwd",
                  "authorization", "api_key", "access_key")
@@ -108,34 +116,64 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _open_for_append(path: Path) -> tuple[BinaryIO, int, int]:
-    """Open ``path`` positioned after its last intact frame; returns (file, segment, dropped)."""
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """What a ledger file held before this writer opened it.
+
+    Attributes:
+        header: the last segment's header (``None``: a new or empty file).
+        last: ``(epoch, step)`` of the last step recorded (``None``: no step yet).
+    """
+
+    header: dict[str, Any] | None = None
+    last: tuple[int, int] | None = None
+
+
+def _open_for_append(path: Path) -> tuple[BinaryIO, int, int, Progress]:
+    """Open ``path`` positioned after its last intact frame; returns (file, segment, dropped,
+    what the file held). The caller holds the ledger's lock (stoker.loader.ledger_lock)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     f = open(path, "a+b")
     f.seek(0)
     data = f.read()
     if not data:
         f.write(MAGIC)
-        return f, 0, 0
+        return f, 0, 0, Progress()
     if not data.startswith(MAGIC):
         f.close()
         raise LedgerError(f"{path}: exists but is not a stoker ledger (no {MAGIC!r} magic); "
                           "pass a new ledger path or remove the file.")
     end, segments = len(MAGIC), 0
-    for _, frame_stop, kind, _ in iter_frames(data):
+    header: dict[str, Any] | None = None
+    last_steps: tuple[bytes, dict[str, Any]] | None = None
+    for _, frame_stop, kind, raw in iter_frames(data):
         end = frame_stop
         segments += kind == FRAME_HEADER
+        if kind == FRAME_HEADER:
+            header = json.loads(raw)
+        elif kind == FRAME_STEPS and header is not None:
+            last_steps = (raw, header)
     if end < len(data):
         f.truncate(end)  # an incomplete frame left by a crash; its bytes were never readable
     f.seek(end)
-    return f, segments, len(data) - end
+    return f, segments, len(data) - end, Progress(header, _last_position(last_steps))
+
+
+def _last_position(frame: tuple[bytes, dict[str, Any]] | None) -> tuple[int, int] | None:
+    if frame is None:
+        return None
+    raw, header = frame
+    records, _, _ = decode_steps(raw, bool(header.get("ids")), len(content_columns(header)))
+    return (int(records["epoch"][-1]), int(records["step"][-1])) if len(records) else None
 
 
 class _Sink:
     """File and buffers shared by a writer and its finaliser (which must not hold the writer)."""
 
-    def __init__(self, f: BinaryIO, ids: bool, content_width: int = 0) -> None:
+    def __init__(self, f: BinaryIO, ids: bool, content_width: int = 0,
+                 lock: FileLock | None = None) -> None:
         self.file: BinaryIO | None = f
+        self.lock_file = lock
         self.ids = ids
         self.content_width = content_width
         self.rows: list[tuple[int, int, int, int, int, float, float]] = []
@@ -176,6 +214,8 @@ class _Sink:
             os.fsync(self.file.fileno())
             self.file.close()
             self.file = None
+            if self.lock_file is not None:
+                self.lock_file.release()
 
 
 def _now() -> str:
@@ -198,27 +238,53 @@ class LedgerWriter:
         ids: also record every sample id (8 bytes per sample before compression).
         flush_steps: steps buffered before a frame is written.
         flush_seconds: longest time a step stays in memory before its frame is written.
+        check: called with the file's :class:`Progress` before anything is written; it may
+            raise (a :class:`LedgerError`) to refuse appending, e.g. a restart over a ledger
+            with progress that was not resumed from a matching state (the DataLoader's check).
+
+    Raises:
+        LedgerError: the path is unusable, not a ledger, another live writer holds it
+            (stoker.loader.ledger_lock), or ``check`` refused.
     """
 
     def __init__(self, path: str | os.PathLike[str], header: Mapping[str, Any], *,
-                 ids: bool = False, flush_steps: int = 1024, flush_seconds: float = 5.0) -> None:
+                 ids: bool = False, flush_steps: int = 1024, flush_seconds: float = 5.0,
+                 check: Callable[[Progress], None] | None = None) -> None:
         if flush_steps < 1 or flush_seconds <= 0:
             raise ValueError(f"flush_steps must be >= 1 and flush_seconds > 0, got "
                              f"{flush_steps=} {flush_seconds=}")
         rank, world = int(header.get("rank", 0)), int(header.get("world_size", 1))
         self.path = ledger_path(path, rank, world)
         try:
-            f, segment, dropped = _open_for_append(self.path)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
+            raise LedgerError(f"{self.path}: cannot create the ledger's directory "
+                              f"({exc.strerror or exc}); pass a writable ledger path.") from None
+        lock = lock_ledger(self.path)
+        try:
+            f, segment, dropped, progress = _open_for_append(self.path)
+        except OSError as exc:
+            lock.release()
             raise LedgerError(f"{self.path}: cannot open the ledger for writing "
                               f"({exc.strerror or exc}); pass a writable ledger path.") from None
+        except BaseException:
+            lock.release()
+            raise
+        self.progress = progress
+        if check is not None:
+            try:
+                check(progress)
+            except BaseException:
+                f.close()
+                lock.release()
+                raise
         full = dict(scrub(header))
         full.update(format=LEDGER_FORMAT, ids=bool(ids), segment=segment, versions=_versions(),
                     host=socket.gethostname(), pid=os.getpid(), start_time=_now())
         if dropped:
             full["dropped_tail_bytes"] = dropped
         self.header: dict[str, Any] = full
-        self._sink = _Sink(f, bool(ids), len(content_columns(full)))
+        self._sink = _Sink(f, bool(ids), len(content_columns(full)), lock)
         self._flush_steps = flush_steps
         self._flush_seconds = flush_seconds
         self._t0 = time.monotonic()

@@ -7,6 +7,7 @@ contract to replay: ``"in_order": false`` (batches yielded as they were ready) a
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -24,7 +25,8 @@ def ledger_header(loader: DataLoader) -> dict[str, Any]:
         "order": loader.order_options.to_dict(), "global_batch": plan.global_batch,
         "world_size": loader.world_size, "rank": loader.rank, "drop_last": loader.drop_last,
         "num_workers": loader.num_workers, "worker_mode": loader.worker_mode,
-        "start_epoch": loader._epoch, "kind": loader._source.kind, "mode": loader._mode,
+        "start_epoch": loader._epoch, "start_step": loader._step, "kind": loader._source.kind,
+        "mode": loader._mode,
         "sample_seeding": loader.sample_seeding,
     }
     if not loader.in_order:  # batches are yielded as they are ready: no order contract
@@ -41,10 +43,25 @@ def ledger_header(loader: DataLoader) -> dict[str, Any]:
 
 
 def open_ledger(loader: DataLoader) -> Any:
-    """A LedgerWriter for ``loader`` at its ledger path, with a pending resume recorded."""
-    from stoker.loader.ledger import LedgerWriter
+    """A LedgerWriter for ``loader`` at its ledger path, with a pending resume recorded.
 
-    ledger = LedgerWriter(loader._ledger_path, ledger_header(loader), ids=loader._ledger_ids)
+    Refused (:class:`~stoker.loader.ledger.LedgerError`) when another live loader writes that
+    ledger, or when it holds progress of this or another run and ``loader`` was not resumed
+    from a state nor continues exactly where it ends (stoker.loader.ledger_restart).
+    """
+    from stoker.loader.ledger import LedgerWriter
+    from stoker.loader.ledger_restart import check_continues
+
+    header = ledger_header(loader)
+    try:
+        steps: int | None = len(loader)
+    except TypeError:  # an IterableDataset without a length
+        steps = None
+    check = functools.partial(check_continues, header=header,
+                              start=(loader._epoch, loader._step),
+                              resumed=loader._resumed_from is not None, steps_per_epoch=steps,
+                              path=loader._ledger_path)
+    ledger = LedgerWriter(loader._ledger_path, header, ids=loader._ledger_ids, check=check)
     if loader._resumed_from is not None:
         ledger.event("resume", state=loader._resumed_from)
         loader._resumed_from = None

@@ -5,7 +5,9 @@ ranks of one world size). Samples: with recorded ids, count each id directly; wi
 coverage follows from the replay (the order is a permutation, so when every step matches the
 replay and every step is covered once, every sample was consumed exactly once). An epoch
 whose covered steps are one contiguous run that does not span the epoch (the run stopped, or
-started from a resume recorded elsewhere) is *partial*: reported, not a failure.
+started from a resume recorded elsewhere) is *partial*: reported, not a failure, when it is the
+run's last epoch (stopped early) or its first (started late); a partial epoch between two
+others skipped steps, which fails. Every missing step is listed, as ranges.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ def coverage_check(run: Run, match: np.ndarray | None) -> Check:
     recs = run.records
     eff = recs["effective"]
     epochs: list[dict[str, Any]] = []
-    for epoch in np.unique(recs["epoch"][eff]):
+    present = np.unique(recs["epoch"][eff]).tolist()
+    for epoch in present:
         rows = np.flatnonzero(eff & (recs["epoch"] == epoch))
-        epochs.append(_epoch(run, int(epoch), rows, match))
+        epochs.append(_epoch(run, int(epoch), rows, match, epoch == present[0],
+                             epoch == present[-1]))
     details = {"epochs": epochs}
     if not epochs:
         return Check("coverage", "skip", "no steps recorded", details)
@@ -42,7 +46,8 @@ def coverage_check(run: Run, match: np.ndarray | None) -> Check:
     return Check("coverage", "warn" if unknown else "pass", text, details)
 
 
-def _epoch(run: Run, epoch: int, rows: np.ndarray, match: np.ndarray | None) -> dict[str, Any]:
+def _epoch(run: Run, epoch: int, rows: np.ndarray, match: np.ndarray | None, first: bool = True,
+           last: bool = True) -> dict[str, Any]:
     recs = run.records[rows]
     head = run.segment_header(int(recs[0]["file"]), int(recs[0]["seg"]))
     try:
@@ -62,10 +67,20 @@ def _epoch(run: Run, epoch: int, rows: np.ndarray, match: np.ndarray | None) -> 
     problems = []
     if dup_steps:
         problems.append(f"{len(dup_steps)} step(s) consumed twice")
-    if not complete and not contiguous:
+    if not complete:
         holes = np.flatnonzero(~covered)
         out["missing_steps"] = holes[:_SHOWN].tolist()
-        problems.append(f"{len(holes)} step(s) missing inside the epoch")
+        out["missing_ranges"] = _ranges(holes)
+        if not contiguous:
+            problems.append(f"{len(holes)} step(s) missing inside the epoch")
+        elif covered.any() and not covered[-1] and not last:  # a later epoch was consumed
+            problems.append(f"{_range_text(out['missing_ranges'])} skipped: never consumed "
+                            f"before epoch {epoch + 1}")
+        elif covered.any() and not covered[0] and not first:  # the epoch before was consumed
+            problems.append(f"{_range_text(out['missing_ranges'])} skipped: never consumed "
+                            f"after epoch {epoch - 1}")
+    if dup_steps:
+        out["duplicate_step_count"] = len(dup_steps)
     if run.has_ids:
         problems += _sample_cover(run, rows, plan, complete, out)
         out["method"] = "ids"
@@ -130,3 +145,16 @@ def _sample_cover(run: Run, rows: np.ndarray, plan: Any, complete: bool,
                 out["missing_ids"] = missing[:_SHOWN].tolist()
             problems.append(f"{expected - int((counts > 0).sum())} sample(s) never consumed")
     return problems
+
+
+def _ranges(steps: np.ndarray) -> list[list[int]]:
+    """Sorted step numbers as ``[first, last]`` runs (every gap, however many)."""
+    if not len(steps):
+        return []
+    cuts = np.flatnonzero(np.diff(steps) != 1) + 1
+    return [[int(r[0]), int(r[-1])] for r in np.split(steps, cuts)]
+
+
+def _range_text(ranges: list[list[int]]) -> str:
+    return ", ".join(f"step {a}" if a == b else f"steps {a}-{b}" for a, b in ranges[:8]) + \
+        (" ..." if len(ranges) > 8 else "")

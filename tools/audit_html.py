@@ -78,11 +78,12 @@ def _section(c: Check, report: AuditReport) -> str:
                                          "target_share", "deviation")))
     elif c.name == "coverage":
         body.append(_rows(d.get("epochs", []), ("epoch", "verdict", "steps", "covered_steps",
-                                                "method", "duplicate_ids", "missing_ids")))
+                                                "method", "missing_ranges", "duplicate_steps",
+                                                "duplicate_ids", "missing_ids")))
     elif c.name == "resumes":
         body.append(_rows(d.get("resumes", []), ("file", "segment", "epoch", "step", "explicit",
                                                  "rolled_back_steps", "gap", "next_recorded",
-                                                 "exact")))
+                                                 "exact", "restart")))
     elif c.name == "comparison":
         body.append("<p>header differences (first, second)</p>"
                     + _kv(d.get("header_differences", {})))

@@ -7,10 +7,13 @@ came from (file, segment, index) and the world size it was recorded under, so th
 work on arrays instead of nested segments.
 
 Effective stream: a resume (the ``"resume"`` event, or a new segment that records steps
-without one: a fresh start at ``(start_epoch, 0)``) rolls a file back to the resumed position,
+without one: a start at its header's ``(start_epoch, start_step)``) rolls a file back to the
+resumed position,
 exactly as the training state was rolled back; the steps recorded after that position before
 the resume were recomputed, so they are not part of the data the final model saw. They are
-kept out of coverage and comparison (``effective`` is False) but still replayed. Rollback is
+kept out of coverage and comparison (``effective`` is False) but still replayed. A segment
+without a resume event that does not continue exactly where its file stood is a *restart over
+the ledger* (:attr:`Resume.restart`): the resume check fails it. Rollback is
 applied per file, and for an elastic resume (another world size, so other files) also to the
 older world's segments that started before the resuming one (segment start times, UTC).
 """
@@ -60,6 +63,12 @@ class Resume:
     def exact(self) -> bool:
         continued = self.next_pos is None or self.next_pos == (self.epoch, self.step)
         return self.gap is None and continued
+
+    @property
+    def restart(self) -> bool:
+        """A new segment that started recording without a resume and not where the file's run
+        stood: its loader began again over the ledger (steps seen twice, or skipped)."""
+        return not self.explicit and (self.rolled_back > 0 or not self.exact)
 
 
 @dataclass(slots=True)
@@ -198,7 +207,7 @@ def _resume_points(run: Run, fi: int) -> list[Resume]:
                 out.append(Resume(fi, si, base + int(e["at"]), epoch, step, True, state=state))
         if si > 0 and len(seg.steps) and not any(int(e["at"]) == 0 for e in explicit):
             start = int(seg.header.get("start_epoch", 0))
-            out.append(Resume(fi, si, base, start, 0, False))
+            out.append(Resume(fi, si, base, start, int(seg.header.get("start_step", 0)), False))
         base += len(seg.steps)
     return sorted(out, key=lambda r: r.at)
 

@@ -59,12 +59,19 @@ def resume_check(run: Run) -> Check:
     for r in run.resumes:
         items.append({"file": run.ledgers[r.file].path, "segment": r.seg, "epoch": r.epoch,
                       "step": r.step, "explicit": r.explicit, "rolled_back_steps": r.rolled_back,
-                      "gap": _gap_text(r.gap),
+                      "gap": _gap_text(r.gap), "restart": r.restart,
                       "next_recorded": list(r.next_pos) if r.next_pos else None, "exact": r.exact})
     bad = [i for i in items if not i["exact"]]
-    details = {"resumes": items}
+    restarts = [i for i in items if i["restart"]]
+    details = {"resumes": items, "restarts": len(restarts)}
     if not items:
         return Check("resumes", "pass", "no resumes", details)
+    if restarts:
+        b = restarts[0]
+        return Check("resumes", "fail", f"{len(restarts)} restart(s) over the ledger without a "
+                     f"resume; first: {b['file']} segment {b['segment']} started at epoch "
+                     f"{b['epoch']} step {b['step']} and recorded {b['rolled_back_steps']} "
+                     "step(s) again" + (f", skipping {b['gap']}" if b["gap"] else ""), details)
     if bad:
         b = bad[0]
         why = f"skipped {b['gap']}" if b["gap"] else f"next recorded step was {b['next_recorded']}"

@@ -40,8 +40,8 @@ def test_multi_rank_directory_and_elastic_comparison(tmp_path: Path, dataset, ki
     m, loc = dataset
     kit.write_run(f"{tmp_path}/w2/", m, loc, world_size=2)
     kit.write_run(tmp_path / "w1.ledger", m, loc, ids=True)
-    assert sorted(p.name for p in (tmp_path / "w2").iterdir()) == ["rank00000.ledger",
-                                                                   "rank00001.ledger"]
+    assert sorted(p.name for p in (tmp_path / "w2").glob("*.ledger")) == ["rank00000.ledger",
+                                                                         "rank00001.ledger"]
     report = audit(tmp_path / "w2", tmp_path / "w1.ledger")
     assert report.reproducible, report.to_json()
     assert report.check("comparison").details["common_steps"] == 28
