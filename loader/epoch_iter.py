@@ -24,7 +24,7 @@ from stoker.loader.worker_info import user_code
 if TYPE_CHECKING:
     from stoker.loader.dataloader import DataLoader
 
-__all__ = ["BatchTask", "Delivered", "EpochIterator"]
+__all__ = ["BatchTask", "Delivered", "EpochIterator", "EpochPass"]
 
 
 # (ledger event kind, CacheStats counter)
@@ -74,7 +74,36 @@ class BatchTask:
         return Delivered(batch, digests, noted)
 
 
-class EpochIterator:
+class EpochPass:
+    """What every pass over an epoch shares: stopping it hands the workers back (or keeps
+    persistent ones, dropping their queued work) and flushes the ledger; idempotent."""
+
+    _closed = True  # until a pass has started: nothing to stop
+    _loader: DataLoader
+    _pool: Any = None
+    _ledger: Any = None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        loader = self._loader
+        if self._pool is not None:
+            if loader.persistent_workers:
+                self._pool.discard_pending()
+            else:
+                loader._release_pool()
+        if self._ledger is not None:
+            self._ledger.flush()
+        if loader._active is self:
+            loader._active = None
+
+    def __del__(self) -> None:
+        if not sys.is_finalizing():  # at exit the loader's own close() has run, or never will
+            self.close()
+
+
+class EpochIterator(EpochPass):
     """One pass over (the rest of) an epoch; yields batches in sequence order (or as they
     are ready, with ``in_order=False``)."""
 
@@ -224,22 +253,3 @@ class EpochIterator:
             loader._epoch, loader._step, loader._ahead = self._epoch + 1, 0, set()
         self.close()
         raise StopIteration
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        loader = self._loader
-        if self._pool is not None:
-            if loader.persistent_workers:
-                self._pool.discard_pending()
-            else:
-                loader._release_pool()
-        if self._ledger is not None:
-            self._ledger.flush()
-        if loader._active is self:
-            loader._active = None
-
-    def __del__(self) -> None:
-        if not sys.is_finalizing():  # at exit the loader's own close() has run, or never will
-            self.close()

@@ -26,7 +26,7 @@ import numpy as np
 import xxhash
 
 from stoker.loader.content_digest import batch_digests
-from stoker.loader.epoch_iter import EpochIterator
+from stoker.loader.epoch_iter import EpochIterator, EpochPass
 from stoker.loader.errors import StateError
 from stoker.loader.failure import add_note
 from stoker.loader.worker_info import user_code
@@ -113,7 +113,7 @@ class IterableTask:
         return Produced(batch, digests, len(items), state)
 
 
-class IterableEpoch:
+class IterableEpoch(EpochPass):
     """One pass over an IterableDataset: batches from the workers in turn, as torch."""
 
     def __init__(self, loader: DataLoader) -> None:
@@ -214,21 +214,6 @@ class IterableEpoch:
                 "next_worker": after[0] if after else 0,
                 "exhausted": [w for w in range(self._workers) if w not in self._active],
                 "workers": list(self._states)}
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        loader = self._loader
-        if self._pool is not None:
-            if loader.persistent_workers:
-                self._pool.discard_pending()
-            else:
-                loader._release_pool()
-        if self._ledger is not None:
-            self._ledger.flush()
-        if loader._active is self:
-            loader._active = None
 
 
 def iterable_state(loader: DataLoader) -> dict[str, Any]:
