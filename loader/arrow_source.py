@@ -30,7 +30,8 @@ from stoker.loader import warmup
 from stoker.loader.record_table import RecordTable
 from stoker.loader.ring import BufferRing
 from stoker.loader.shard_records import ShardRecords
-from stoker.manifest import Manifest, ManifestError, StokerError, redact_url, resolve_inside
+from stoker.manifest import (Manifest, ManifestError, ShardIntegrityError, StokerError,
+                             redact_url, resolve_inside)
 
 __all__ = ["ArrowSource", "ShardOpener"]
 
@@ -222,6 +223,7 @@ class ArrowSource:
             # times, each handoff waiting on a busy thread (0.17 s for W1's 296 during warm-up)
             full = pa.ipc.open_file(arena).read_all()
             batches = full.to_batches()
+            self._check_batches(index, batches)
             table = full.select(self.columns)
             data = self._shard_data(batches, arena)
             if data is None and self.manifest.compression != "none":
@@ -234,6 +236,25 @@ class ArrowSource:
             handle.__exit__(None, None, None)
             raise
         return table, data, batches, handle
+
+    def _check_batches(self, index: int, batches: list[pa.RecordBatch]) -> None:
+        """The shard's record batches must hold the rows the manifest lists, batch by batch.
+
+        Global ids are located with the manifest's row counts and then read by the kernels
+        through raw pointers; a file whose batches disagree (stale, swapped, a manifest
+        rewritten with a recomputed fingerprint) would send row indices past the end of a
+        batch's buffers. Checked once per open, so every later read is in range by
+        construction (FastPlan.groups checks each batch's rows against it too).
+        """
+        actual = [b.num_rows for b in batches if b.num_rows]
+        listed = [r for r in self.manifest.shards[index].batch_rows if r]
+        if actual != listed:
+            info = self.manifest.shards[index]
+            raise ShardIntegrityError(
+                f"{self._describe(index)} holds record batches of {_runs(actual)} rows "
+                f"({sum(actual)} in all), the manifest lists {_runs(listed)} ({info.rows} in "
+                "all): the file and the manifest disagree. Run `stoker verify` and restore the "
+                "shard, or re-create the dataset with `stoker shard`.", shard=info.path)
 
     # -- row-major records (stoker.loader.shard_records) --------------------------------------
     @property
@@ -423,6 +444,17 @@ class ArrowSource:
             self._rm.close()
         for _, handle in entries:
             handle.__exit__(None, None, None)
+
+
+def _runs(rows: list[int]) -> str:
+    """Row counts as ``16 x 3 + 10`` (messages)."""
+    out: list[list[int]] = []
+    for r in rows:
+        if out and out[-1][0] == r:
+            out[-1][1] += 1
+        else:
+            out.append([r, 1])
+    return " + ".join(f"{r} x {n}" if n > 1 else str(r) for r, n in out) or "no"
 
 
 def _shown(ids: np.ndarray) -> str:

@@ -29,6 +29,7 @@ import torch
 from stoker.loader import kernels as k
 from stoker.loader.images import ImageOptions, decode_into
 from stoker.loader.ring import BufferRing, Slot
+from stoker.manifest import ShardIntegrityError
 
 __all__ = ["FastPlan", "NotZeroCopy", "Output", "ShardData", "physical_code"]
 
@@ -261,6 +262,11 @@ class FastPlan:
         for lo, hi in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(ids)]])):
             data = shard_data(int(shard[lo]))
             rows = local[lo:hi]
+            if rows[-1] >= data.starts[-1]:  # sorted: one comparison bounds the whole group
+                raise ShardIntegrityError(
+                    f"shard {int(shard[lo])}: row {int(rows[-1])} was asked for, the shard's "
+                    f"record batches hold {int(data.starts[-1])} rows; the manifest's row "
+                    "counts and the file disagree. Run `stoker verify`.")
             chunk = np.searchsorted(data.starts, rows, side="right") - 1
             out.append((data, chunk, rows - data.starts[chunk], order[lo:hi]))
         return out
