@@ -252,7 +252,8 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
                 self.location = repr(mixture) if isinstance(dataset, Mixture) else \
                     os.fspath(dataset)
                 check_columns(mixture, columns, features, self._categoricals, self._image)
-                return MixtureSource(mixture, reader)
+                return MixtureSource(mixture, reader, pin=self._pin_source,
+                                     ring_depth=max(8, self.num_workers * self._prefetch + 3))
             manifest = dataset if isinstance(dataset, Manifest) else \
                 Manifest.load(os.fspath(dataset), storage_options)
             self.location = redact_url(manifest.root or "")

@@ -25,6 +25,8 @@ from stoker.loader.order import EpochOrder, OrderError, OrderOptions
 
 __all__ = ["MixtureOrder", "PassOrders", "source_order"]
 
+_CHUNK = 16_384  # positions whose ids rank_ids computes in one go
+
 
 class PassOrders:
     """The per-pass orders of a mixture's sources, built on demand and kept (a few)."""
@@ -59,15 +61,26 @@ class PassOrders:
 
     def ids(self, src: np.ndarray, pick: np.ndarray, sizes: np.ndarray,
             offsets: np.ndarray) -> np.ndarray:
-        """Mixture ids of the picks ``(src, pick)`` (int64, same length)."""
+        """Mixture ids of the picks ``(src, pick)`` (int64, same length).
+
+        A source's picks in a window are increasing, so each (source, pass) group is read as
+        one contiguous range of its order (the range kernel) and indexed.
+        """
         out = np.empty(len(src), dtype=np.int64)
-        passes = pick // sizes[src]
-        within = pick - passes * sizes[src]
-        key = src * (int(passes.max()) + 1 if len(passes) else 1) + passes
-        for k in np.unique(key).tolist():
-            sel = np.flatnonzero(key == k)
-            i, p = int(src[sel[0]]), int(passes[sel[0]])
-            out[sel] = offsets[i] + self.get(i, p).ids_at(within[sel])
+        by_source = np.argsort(src, kind="stable")
+        bounds = np.flatnonzero(np.diff(src[by_source])) + 1
+        for sel in np.split(by_source, bounds) if len(src) else []:
+            i = int(src[sel[0]])
+            n = int(sizes[i])
+            picks = pick[sel]
+            first, last = int(picks[0]) // n, int(picks[-1]) // n
+            for p in range(first, last + 1):
+                part = sel if first == last else sel[picks // n == p]
+                if not len(part):  # a rank's share can skip a whole pass of a tiny source
+                    continue
+                within = pick[part] - p * n
+                lo, hi = int(within[0]), int(within[-1]) + 1
+                out[part] = self.get(i, p).ids(lo, hi)[within - lo] + offsets[i]
         return out
 
 
@@ -90,6 +103,7 @@ class MixtureOrder:
         self.fingerprint = mixture.fingerprint
         self._sizes = np.asarray(mixture.sizes, dtype=np.int64)
         self._base = self.epoch * self.num_samples
+        self._kept: tuple[int, int, int, int, np.ndarray] | None = None  # see rank_ids
 
     def __repr__(self) -> str:
         return f"MixtureOrder(epoch={self.epoch}, num_samples={self.num_samples}, {self.mixture})"
@@ -114,15 +128,27 @@ class MixtureOrder:
         return self._ids(*self.sources(start, stop))
 
     def rank_ids(self, start: int, stop: int, rank: int, world_size: int) -> np.ndarray:
-        """``[O[k] for k in range(start, stop) if k % world_size == rank]``."""
+        """``[O[k] for k in range(start, stop) if k % world_size == rank]``.
+
+        The loader asks for consecutive windows, so the ids of the next ``_CHUNK`` positions
+        are computed at once and kept: one blend call and one range per source and pass for
+        many batches, instead of per batch.
+        """
         if world_size < 1 or not 0 <= rank < world_size:
             raise OrderError(f"rank must be in [0, world_size={world_size}), got {rank}.")
         start, stop = self._check_window(start, stop)
         first = start + (rank - start) % world_size
         if first >= stop:
             return np.empty(0, dtype=np.int64)
-        src, pick = self.sources(first, stop)
-        return self._ids(src[::world_size], pick[::world_size])
+        kept = self._kept
+        if kept is None or kept[1:3] != (rank, world_size) or not kept[0] <= first or \
+                stop > kept[3]:
+            hi = min(self.num_samples, max(stop, first + _CHUNK))
+            src, pick = self.sources(first, hi)
+            kept = self._kept = (first, rank, world_size, hi,
+                                 self._ids(src[::world_size], pick[::world_size]))
+        lo = (first - kept[0]) // world_size
+        return kept[4][lo:lo + len(range(first, stop, world_size))].copy()
 
     def ids_at(self, ks: np.ndarray) -> np.ndarray:
         """``O[k]`` for arbitrary positions (one blend window over their range)."""

@@ -1,7 +1,9 @@
 """The reading side of a mixture: one reader per source, batches merged back in stream order.
 
-A batch's mixture ids (see :mod:`stoker.loader.mixture_order`) are split by source, each
-source's reader (:class:`~stoker.loader.arrow_source.ArrowSource`, through its public
+When the sources can share one reader (local stoker datasets with one schema and
+compression, :mod:`stoker.loader.mixture_union`), a batch's mixture ids are read in one call.
+Otherwise the ids (see :mod:`stoker.loader.mixture_order`) are split by source, each source's
+reader (:class:`~stoker.loader.arrow_source.ArrowSource`, through its public
 ``fetch(ids, epoch, seed)``) reads its rows, and the parts are written back at their
 positions; ``batch["source"]`` (int64) says which source (index into ``Mixture.names``) each
 row came from. The sources must agree on the requested columns: same names, and types that
@@ -17,10 +19,13 @@ import pyarrow as pa
 import torch
 
 from stoker.loader.arrow_source import ArrowSource
+from stoker.loader.jit import kernel
 from stoker.loader.mixture import Mixture, MixtureError
 from stoker.loader.mixture_file import is_mixture_file
 from stoker.loader.mixture_order import MixtureOrder, PassOrders
+from stoker.loader.mixture_union import union_manifest
 from stoker.loader.order import OrderOptions
+from stoker.loader.ring import BufferRing, Slot
 from stoker.manifest import Manifest, ManifestError
 
 __all__ = ["MixtureSource", "check_columns", "is_mixture"]
@@ -78,18 +83,27 @@ class MixtureSource:
         make_reader: builds the reader of one source's manifest and its shard cache (or
             ``None``; closed with the source); the DataLoader passes the read options it gives
             a single dataset.
+        ring_depth, pin: the merged batches' buffers (as a reader's, see stoker.loader.ring).
     """
 
     kind = "mixture"
 
     def __init__(self, mixture: Mixture,
-                 make_reader: Callable[[Manifest], tuple[ArrowSource, Any]]) -> None:
+                 make_reader: Callable[[Manifest], tuple[ArrowSource, Any]], *,
+                 ring_depth: int = 8, pin: bool = False) -> None:
         self.mixture = mixture
+        self._ring = BufferRing(ring_depth, pin)
         self.fingerprint = mixture.fingerprint
         self.readers: list[ArrowSource] = []
         self._caches: list[Any] = []
+        # one reader over every shard when the sources allow (stoker.loader.mixture_union);
+        # a single source is read through its own manifest, exactly as on its own
+        union = mixture.manifests[0] if len(mixture.names) == 1 else \
+            union_manifest(mixture.manifests)
+        self.union = union is not None
         try:
-            for name, manifest in zip(mixture.names, mixture.manifests):
+            for name, manifest in ([("all", union)] if union is not None else
+                                   zip(mixture.names, mixture.manifests)):
                 try:
                     reader, cache = make_reader(manifest)
                 except ManifestError as exc:
@@ -119,9 +133,13 @@ class MixtureSource:
         """The batch of mixture ids ``ids``, in their order, with ``"source"``."""
         ids = np.asarray(ids, dtype=np.int64)
         src = (np.searchsorted(self._offsets, ids, side="right") - 1).astype(np.int64)
+        if self.union:  # mixture ids are the union's global ids
+            batch = self.readers[0].fetch(ids, epoch, seed)
+            batch["source"] = torch.from_numpy(src)
+            return batch
         present = np.unique(src).tolist()
-        if len(present) == 1:
-            i = present[0]
+        if len(present) <= 1:  # one source (or an empty share): its batch as it is
+            i = present[0] if present else 0
             batch = self.readers[i].fetch(ids - self._offsets[i], epoch, seed)
             batch["source"] = torch.from_numpy(src)
             return batch
@@ -129,7 +147,11 @@ class MixtureSource:
         for i in present:
             rows = np.flatnonzero(src == i)
             parts.append((rows, self.readers[i].fetch(ids[rows] - self._offsets[i], epoch, seed)))
-        batch = _merge(parts, len(ids))
+        slot = self._ring.acquire()
+        try:
+            batch = _merge(parts, len(ids), slot)
+        finally:
+            self._ring.release(slot)
         batch["source"] = torch.from_numpy(src)
         return batch
 
@@ -143,8 +165,19 @@ class MixtureSource:
         self._caches = [None] * len(self._caches)
 
 
-def _merge(parts: list[tuple[np.ndarray, dict[str, Any]]], n: int) -> dict[str, Any]:
-    """One batch of ``n`` rows from per-source batches whose rows sit at ``rows``."""
+@kernel
+def _scatter(dst, src, rows):  # type: ignore[no-untyped-def]
+    """``dst[rows[r]] = src[r]`` for byte rows (any dtype, viewed as uint8)."""
+    width = src.shape[1]
+    for r in range(rows.shape[0]):
+        d = rows[r]
+        for b in range(width):
+            dst[d, b] = src[r, b]
+
+
+def _merge(parts: list[tuple[np.ndarray, dict[str, Any]]], n: int, slot: Slot) -> dict[str, Any]:
+    """One batch of ``n`` rows from per-source batches whose rows sit at ``rows``; tensors
+    are written into ``slot``'s buffers (reused, pinned when the readers' are)."""
     out: dict[str, Any] = {}
     keys = list(dict.fromkeys(k for _, b in parts for k in b))
     for key in keys:
@@ -152,7 +185,7 @@ def _merge(parts: list[tuple[np.ndarray, dict[str, Any]]], n: int) -> dict[str, 
             continue  # merged with its list column
         values = [b[key] for _, b in parts]
         if isinstance(values[0], torch.Tensor):
-            _merge_tensor(out, key, parts, values, n)
+            _merge_tensor(out, key, parts, values, n, slot)
         else:
             merged: list[Any] = [None] * n
             for (rows, _), v in zip(parts, values):
@@ -163,7 +196,7 @@ def _merge(parts: list[tuple[np.ndarray, dict[str, Any]]], n: int) -> dict[str, 
 
 
 def _merge_tensor(out: dict[str, Any], key: str, parts: list[tuple[np.ndarray, dict]],
-                  values: list[torch.Tensor], n: int) -> None:
+                  values: list[torch.Tensor], n: int, slot: Slot) -> None:
     """Scatter tensors; list columns of different widths are padded with 0 (as the
     conversion rules pad rows within one batch) and get ``<key>_lengths``."""
     lengths_key = f"{key}_lengths"
@@ -173,15 +206,18 @@ def _merge_tensor(out: dict[str, Any], key: str, parts: list[tuple[np.ndarray, d
     if len(widths) > 1 and (len(shape) != 1 or any(len(w) != 1 for w in widths)):
         raise MixtureError(f"column {key!r} has shapes {sorted(widths)} in different sources; "
                            "they cannot be stacked into one batch.")
-    merged = torch.zeros((n, *shape), dtype=values[0].dtype) if len(widths) > 1 else \
-        torch.empty((n, *shape), dtype=values[0].dtype)
+    dtype = values[0].numpy().dtype
+    merged = slot.array(key, (n, *shape), dtype)
+    if len(widths) > 1:
+        merged[...] = 0
     for (rows, _), v in zip(parts, values):
-        index = torch.from_numpy(rows)
-        if tuple(v.shape[1:]) == shape:
-            merged[index] = v
+        a = np.ascontiguousarray(v.numpy())
+        if tuple(a.shape[1:]) == shape:
+            _scatter(merged.reshape(n, -1).view(np.uint8), a.reshape(len(rows), -1).view(np.uint8),
+                     rows)
         else:
-            merged[index, :v.shape[1]] = v
-    out[key] = merged
+            merged[rows, :a.shape[1]] = a
+    out[key] = torch.from_numpy(merged)
     if ragged or len(widths) > 1:
         lengths = torch.empty(n, dtype=torch.int64)
         for (rows, b), v in zip(parts, values):

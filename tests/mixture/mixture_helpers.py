@@ -22,18 +22,22 @@ from stoker.manifest import Manifest
 
 
 def make_source(root: Path, shard_rows: list[int], x_type: pa.DataType = pa.float32(),
-                salt: int = 0) -> Manifest:
-    """A dataset of ``sum(shard_rows)`` samples, one shard per entry."""
+                salt: int = 0, nullable: bool = True) -> Manifest:
+    """A dataset of ``sum(shard_rows)`` samples, one shard per entry (``nullable=False``: the
+    same values under a schema whose ``x`` is not nullable, which no other source shares)."""
     starts = np.concatenate([[0], np.cumsum(shard_rows)]).astype(np.int64)
     tables = []
     for s in range(len(shard_rows)):
         ids = np.arange(starts[s], starts[s + 1], dtype=np.int64)
-        tables.append(pa.table({
+        table = pa.table({
             "id": ids,
             "x": pa.array((ids * 0.5 + salt).astype(np.float64), x_type),
             "seq": pa.array([[float(i)] * int(i % 3) for i in ids], pa.list_(pa.float32())),
             "name": [f"s{salt}-{i}" for i in ids],
-        }))
+        })
+        if not nullable:
+            table = table.cast(table.schema.set(1, pa.field("x", x_type, nullable=False)))
+        tables.append(table)
     return write_dataset(root, tables, "none", 8)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from mixture_helpers import expected, pairs
+from mixture_helpers import expected, make_source, pairs
 from stoker.loader import DataLoader
 from stoker.loader.mixture import Mixture
 
@@ -134,6 +134,29 @@ def test_resume_with_other_workers_continues_exactly(sources, trial: int) -> Non
         got += pairs(resumed)
     resumed.close()
     assert got == ref
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_sources_read_one_by_one_follow_the_same_rule(sources, tmp_path: Path,
+                                                      workers: int) -> None:
+    """A source whose schema differs (x not nullable) cannot share the others' reader: each
+    source is read on its own and the batch merged back in stream order."""
+    make_source(tmp_path / "strict", [9, 14], salt=3, nullable=False)
+    mix = Mixture({"web": str(sources["web"]), "strict": str(tmp_path / "strict"),
+                   "books": str(sources["books"])}, {"web": 1, "strict": 2, "books": 1})
+    dl = DataLoader(mix, batch_size=16, shuffle=True, seed=6, num_workers=workers)
+    assert not dl._source.union
+    batches = _epochs(dl, 3)
+    assert pairs(batches) == expected(mix, 6, 0, 3 * mix.num_samples, dl.order_options)
+    salts = (0, 3, 2)
+    for b in batches:  # every column's values belong to the (source, id) of their row
+        for s, i, x, name, seq, n in zip(b["source"].tolist(), b["id"].tolist(),
+                                         b["x"].tolist(), b["name"], b["seq"].tolist(),
+                                         b["seq_lengths"].tolist()):
+            assert x == i * 0.5 + salts[s] and name == f"s{salts[s]}-{i}"
+            assert n == i % 3 and seq[:n] == [float(i)] * n and not any(seq[n:])
+    dl.close()
+    assert DataLoader(_mixture(sources), batch_size=4)._source.union
 
 
 def test_one_source_mixture_is_that_sources_own_order(sources) -> None:
