@@ -205,19 +205,31 @@ class ShardCache:
         finally:
             self._release(i)
 
-    def set_future(self, upcoming: Sequence[int]) -> None:
-        """Tell the cache which shards will be read, in order, from now on.
+    def set_future(self, upcoming: Sequence[int], spans: np.ndarray | None = None) -> None:
+        """Tell the cache which shards will be read, in order, from now on: every *use*, a
+        shard needed again later appearing again (stoker.cache.future).
 
         Drives prefetching (the next ``prefetch_ahead`` distinct shards are fetched in the
-        background) and Belady eviction. Call it again whenever the plan changes (a new
-        epoch, a resume); it costs O(n log n) in the sequence length.
+        background) and Belady eviction (the shard whose next use is furthest goes first).
+        ``spans``: ``[first, last]`` order positions of each use (the loader's
+        ``EpochOrder.shard_uses``); the caller then reports its progress with
+        :meth:`advance_to`. Without spans each entry is one read and reads move the cursor.
+        Call it again whenever the plan changes (a new epoch, a resume); it costs
+        O(n log n) in the sequence length.
         """
-        future = FutureIndex(upcoming, self._manifest.num_shards)
+        future = FutureIndex(upcoming, self._manifest.num_shards, spans)
         with self._wake:
             self._future = future
             self._prefetch_failed.clear()
             self._failed.clear()
             self._wake.notify_all()
+
+    def advance_to(self, position: int) -> None:
+        """The reader has got to order ``position`` (a future set with ``spans``)."""
+        with self._wake:
+            if self._future is not None:
+                self._future.advance_to(position)
+                self._wake.notify_all()
 
     def stats(self) -> CacheStats:
         """Counters of this process's cache object (no URLs, no secrets)."""
@@ -553,8 +565,17 @@ class ShardCache:
             last = self._last_used
             if prefetch:
                 shards = [f for f in shards if nxt[f[0]] > mine]
-            # Furthest next use first; among equals (e.g. never needed again), least recent.
-            shards.sort(key=lambda f: (-nxt[f[0]], last.get(f[0], 0)))  # type: ignore[index]
+            # Furthest next use first; among equals (e.g. never needed again), least recent,
+            # except among shards in use right now (a timed future cannot tell which is read
+            # next): most recent first, which keeps a fixed subset under a budget smaller than
+            # the working set instead of cycling through all of them (LRU's worst case).
+            now = future.cursor if future is not None and future.timed else None
+
+            def rank(f: CommittedFile) -> tuple[float, int]:
+                used = last.get(f[0], 0)  # type: ignore[arg-type]
+                return -nxt[f[0]], (-used if nxt[f[0]] == now else used)  # type: ignore[index]
+
+            shards.sort(key=rank)
         return quarantined + shards
 
     def _own_pins(self, i: int) -> tuple[int, int]:

@@ -103,11 +103,30 @@ class EpochPass:
             self.close()
 
 
+def _set_future(cache: Any, order: Any, plan: Any, loader: DataLoader) -> Any:
+    """Hand the cache every shard use from the loader's position on, repeats included
+    (stoker.cache.future); returns ``clock(step)``, which moves the cache's cursor to the
+    first position of ``step``."""
+    steps = plan.steps_per_epoch
+    start = plan.window(loader._step)[0] if loader._step < steps else 0
+    uses = getattr(order, "shard_uses", None)
+    if uses is None and not hasattr(order, "shard_sequence"):
+        return None  # an order that cannot say (the cache then evicts the least recent)
+    if uses is None:  # an order without spans: first uses, positional clock
+        cache.set_future(order.shard_sequence(start, plan.num_samples, loader.rank,
+                                              loader.world_size).tolist())
+        return None
+    shards, first, last = uses(start, plan.num_samples, loader.rank, loader.world_size)
+    cache.set_future(shards, np.stack([first, last], axis=1))
+    return lambda step: cache.advance_to(plan.window(step)[0]) if step < steps else None
+
+
 class EpochIterator(EpochPass):
     """One pass over (the rest of) an epoch; yields batches in sequence order (or as they
     are ready, with ``in_order=False``)."""
 
     _generation = 0
+    _cache_clock: Any = None
 
     def __init__(self, loader: DataLoader) -> None:
         EpochIterator._generation += 1
@@ -125,9 +144,7 @@ class EpochIterator(EpochPass):
             self._steps = iter(range(loader._step, plan.steps_per_epoch))
             cache = loader._cache
             if cache is not None:
-                start = plan.window(loader._step)[0] if loader._step < plan.steps_per_epoch else 0
-                cache.set_future(order.shard_sequence(start, plan.num_samples, loader.rank,
-                                                      loader.world_size).tolist())
+                self._cache_clock = _set_future(cache, order, plan, loader)
         else:
             batches = loader._batches_from_sampler()
             it = iter(batches)
@@ -216,6 +233,8 @@ class EpochIterator(EpochPass):
             self._ledger.step(self._epoch, step, loader.rank, ids, waited, between, out.content)
             self._cache_events()
         self._advance(step)
+        if self._cache_clock is not None:
+            self._cache_clock(loader._step)
         return batch
 
     def _advance(self, step: int) -> None:

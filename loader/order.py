@@ -320,35 +320,58 @@ class EpochOrder:
         """Shards (manifest indices) in the order this rank first reads them in ``[start, stop)``.
 
         No repeats; exactly the shards holding ``rank_ids(start, stop, rank, world_size)``.
-        This is the future a cache needs to prefetch ahead and to evict the shard needed
-        furthest away (Belady). Costs O(blocks + pieces) in the window, not O(samples).
+        A cache wants :meth:`shard_uses` (every use, with repeats) instead.
+        """
+        shards, _, _ = self.shard_uses(start, stop, rank, world_size)
+        _, first = np.unique(shards, return_index=True)
+        return shards[np.sort(first)].astype(np.int64)
+
+    def shard_uses(self, start: int, stop: int, rank: int = 0,
+                   world_size: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every use of a shard by this rank in ``[start, stop)``: ``(shards, first, last)``.
+
+        A *use* is one piece of a shard (a shard is split into pieces where it straddles
+        partitions, read at different times of the epoch: a shard recurs). ``first`` is the
+        first order position that reads the piece, ``last`` an upper bound of its last (the
+        end of the last shuffle block that holds it), both inside the window; uses are sorted
+        by ``first``. This is the whole future a cache needs to evict the shard whose next use
+        is furthest away (Belady) and to prefetch ahead. Costs O(blocks + pieces).
         """
         start, stop = self._check_window(start, stop)
         rank, world_size = self._check_rank(rank, world_size)
         if not self.options.shuffle:
-            return self._natural_shard_sequence(start, stop, rank, world_size)
-        P = self.options.partitions
+            return self._natural_shard_uses(start, stop, rank, world_size)
+        P, K = self.options.partitions, self.options.block_size
         parts = np.arange(rank, P, world_size, dtype=np.int64)
         # Elements j of partition p with start <= j*P + p < stop.
         jlos = np.maximum(0, -((parts - start) // P))
         jhis = np.maximum(0, -((parts - stop) // P))
         kmin = np.full(len(self._piece_pos), np.iinfo(np.int64).max, dtype=np.int64)
-        o = self.options
-        _k.first_needs(parts, jlos, jhis, np.int64(P), np.int64(o.block_size), np.int64(self._q),
+        _k.first_needs(parts, jlos, jhis, np.int64(P), np.int64(K), np.int64(self._q),
                        np.int64(self._rem), self._pkeys, self._piece_pos, kmin)
         hit = np.flatnonzero(kmin != np.iinfo(np.int64).max)
         by_time = hit[np.argsort(kmin[hit], kind="stable")]
-        shards = self._piece_shard[by_time]
-        _, first = np.unique(shards, return_index=True)
-        return shards[np.sort(first)].astype(np.int64)
+        # last: the last element of the last block holding the piece (an upper bound)
+        p = self._piece_part[by_time]
+        pstart = p * self._q + np.minimum(p, self._rem)
+        plen = self._q + (p < self._rem)
+        ends = np.append(self._piece_pos[1:], self.num_samples)[by_time]
+        jlast = np.minimum(((ends - 1 - pstart) // K + 1) * K, plen) - 1
+        last = np.minimum(jlast * P + p, stop - 1)
+        return (self._piece_shard[by_time].astype(np.int64), kmin[by_time].astype(np.int64),
+                last.astype(np.int64))
 
-    def _natural_shard_sequence(self, start: int, stop: int, rank: int, world: int) -> np.ndarray:
+    def _natural_shard_uses(self, start: int, stop: int, rank: int,
+                            world: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if stop <= start:
-            return np.empty(0, dtype=np.int64)
+            empty = np.empty(0, dtype=np.int64)
+            return empty, empty, empty
         lo = np.searchsorted(self._cumsum, start, side="right")
         hi = np.searchsorted(self._cumsum, stop - 1, side="right")
         shards = np.arange(lo, hi + 1, dtype=np.int64)
         s0 = np.maximum(self._cumsum[shards] - self._rows[shards], start)
         s1 = np.minimum(self._cumsum[shards], stop)
         first = s0 + (rank - s0) % world  # first position owned by the rank in the shard
-        return shards[(self._rows[shards] > 0) & (first < s1)]
+        last = s1 - 1 - (s1 - 1 - rank) % world
+        keep = (self._rows[shards] > 0) & (first < s1)
+        return shards[keep], first[keep], last[keep]
