@@ -8,8 +8,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # for blend_model, mixture_helpers
+SERVERS = Path(__file__).resolve().parents[1] / "servers"
+if str(SERVERS) not in sys.path:
+    sys.path.insert(0, str(SERVERS))
 
 from mixture_helpers import make_source  # noqa: E402
+from server_fixtures import nginx  # noqa: E402,F401 - the shared loopback HTTP server
 
 
 @pytest.fixture(scope="session")

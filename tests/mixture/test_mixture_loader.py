@@ -213,3 +213,30 @@ def test_pinned_transfer_keeps_the_stream(sources) -> None:
     if device:
         assert batches[0]["source"].device.type == "cuda"
     dl.close()
+
+
+def test_a_far_epoch_is_read_exactly(sources) -> None:
+    mix = _mixture(sources)
+    epoch = 10**10 // mix.num_samples  # positions near 10**10 of the stream
+    dl = DataLoader(mix, batch_size=16, shuffle=True, seed=13, world_size=2, rank=1)
+    dl.set_epoch(epoch)
+    first = [pairs([b]) for _, b in zip(range(3), dl)]
+    start = epoch * mix.num_samples
+    whole = expected(mix, 13, start, start + 96, dl.order_options)
+    assert first == [whole[s * 32 + 1:(s + 1) * 32:2] for s in range(3)]
+    dl.close()
+
+
+@pytest.mark.remote
+def test_a_remote_source_is_cached_and_read_on_its_own(sources, nginx, tmp_path: Path) -> None:
+    server = nginx(sources["code"])
+    mix = Mixture({"web": str(sources["web"]), "code": server.url,
+                   "books": str(sources["books"])}, WEIGHTS)
+    dl = DataLoader(mix, batch_size=16, shuffle=True, seed=9, num_workers=2,
+                    cache_dir=tmp_path / "cache")
+    assert not dl._source.union  # a remote source has its own reader and cache
+    got = pairs(_epochs(dl, 3))
+    assert got == expected(mix, 9, 0, 3 * mix.num_samples, dl.order_options)
+    dl.close()
+    shards = [r.uri for r in server.requests() if r.uri.startswith("/shards/")]
+    assert sorted(shards) == ["/shards/00000.arrow", "/shards/00001.arrow"]  # once each
