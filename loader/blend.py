@@ -144,6 +144,8 @@ class Blend:
         self.D, rates, self.exact = _rates(fracs)
         self.weights = tuple(tuple(Fraction(c, self.D) for c in seg) for seg in rates)
         self._rates = np.array(rates, dtype=np.int64).reshape(len(starts), n)
+        self._quot, self._rem = self._rates.copy(), self._rates.copy()
+        np.divmod(self.D, self._rates, out=(self._quot, self._rem))
         self._bounds = np.array(starts + [np.iinfo(np.int64).max], dtype=np.int64)
         self._ncum = [[0] * n]  # N_i at each segment start, exact
         for s in range(1, len(starts)):
@@ -223,7 +225,7 @@ class Blend:
         src = np.empty(stop - a, dtype=np.int64)
         pick = np.empty(stop - a, dtype=np.int64)
         bad = run_blend(np.int64(a), np.int64(stop), src, pick, *state, self._bounds,
-                        self._rates, np.int64(self.D))
+                        self._rates, self._quot, self._rem, np.int64(self.D))
         if bad >= 0:
             raise BlendError(f"blend invariant broken at position {bad} (a pick past its "
                              "window); this is a bug in stoker.loader.blend, please report it")

@@ -8,7 +8,7 @@ with 64-bit integer steps along its target ``N_i(p) = D * T_i(p)``: ``nxt[i]`` i
 position where ``N_i`` reaches ``(x[i] + 1) * D``, ``exc[i] = N_i(nxt[i]) - (x[i] + 1) * D``
 its excess, ``seg[i]`` the schedule segment holding ``nxt[i]``. Rates ``rates[s, i]`` (the
 increase of ``N_i`` per position in segment ``s``) are positive and ``D <= 2**62``, so no
-product below overflows.
+product below overflows; ``quot``/``rem`` hold ``D // rates`` and ``D % rates``.
 
 Two binary heaps of source indices: ``ready`` ordered by (deadline, index) holds released
 picks, ``waiting`` ordered by (release, index) the others. A slot costs O(log sources).
@@ -68,8 +68,8 @@ def _pop(heap, size, key):  # type: ignore[no-untyped-def]
 
 
 @kernel
-def run_blend(start, stop, out_src, out_pick, x, rel, nxt, exc, seg, bounds, rates,
-              D):  # type: ignore[no-untyped-def]
+def run_blend(start, stop, out_src, out_pick, x, rel, nxt, exc, seg, bounds, rates, quot,
+              rem, D):  # type: ignore[no-untyped-def]
     """Serve slots ``[start, stop)``; writes the source and its pick number for each slot.
 
     The per-source arrays are updated in place to the state at ``stop``. Returns ``-1`` on
@@ -117,7 +117,10 @@ def run_blend(start, stop, out_src, out_pick, x, rel, nxt, exc, seg, bounds, rat
         need = D - exc[i]
         s = seg[i]
         c = rates[s, i]
-        t = (need + c - 1) // c
+        if exc[i] < c:  # need is in (D - c, D]: t = ceil(need / c) without a division
+            t = quot[s, i] + (1 if exc[i] < rem[s, i] else 0)
+        else:  # nxt[i] opened segment s: the excess came at the previous segment's rate
+            t = (need + c - 1) // c
         while t > bounds[s + 1] - p:  # the crossing lies beyond segment s
             need -= (bounds[s + 1] - p) * c
             p = bounds[s + 1]
