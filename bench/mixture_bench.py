@@ -47,7 +47,7 @@ SPLIT = (1, 2, 3)
 NOTES = """\
 - The three sources share one schema and are local, so the mixture reads every batch with one
   reader over the union of their shards (stoker.loader.mixture_union): the read costs what a
-  single dataset's does. What the mixture adds is in the main thread: the blend (about 20 M
+  single dataset's does. What the mixture adds is in the main thread: the blend (14-24 M
   positions/s for 3 sources) and each source's own pass order over its picks, computed 16 k
   positions at a time. Sources that cannot share a reader (other schemas, remote) are read one
   by one and merged; each reader call has a fixed cost (~0.1 ms here), so that path runs at
