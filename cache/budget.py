@@ -31,6 +31,8 @@ log = logging.getLogger("stoker.cache")
 
 # How long a foreground request waits for other processes before giving up.
 ROOM_WAIT_S = 60.0
+# After this long a waiting request says so (once), naming what it waits for and the fix.
+WAIT_NOTICE_S = 1.0
 
 # (shard index or None for a quarantined copy, size in bytes, path)
 CommittedFile = tuple["int | None", int, str]
@@ -95,6 +97,11 @@ class Budget:
                 f"plus uncompressed rewrite), more than inflight_allowance {self.allowance} "
                 f"bytes. Raise inflight_allowance to at least {held + nbytes}.")
         deadline = time.monotonic() + ROOM_WAIT_S
+        notice = _Notice(lambda: (
+            f"shard {i} ({what}) is waiting for {nbytes} bytes of inflight_allowance "
+            f"({self.allowance} bytes, {self.inflight()} held by downloads in progress); it "
+            f"gives up after {ROOM_WAIT_S:.0f}s. Raise inflight_allowance or run fewer "
+            "concurrent loaders on this node."))
         while True:
             with self.locked():
                 if self.inflight() + nbytes <= self.allowance:
@@ -108,6 +115,7 @@ class Budget:
                     f"shard {i}: waited {ROOM_WAIT_S:.0f}s for {nbytes} bytes of "
                     f"inflight_allowance ({self.allowance} bytes) held by other downloads. "
                     "Raise inflight_allowance or run fewer concurrent loaders on this node.")
+            notice.check()
             if self._closed.wait(0.02):
                 raise CacheError("this ShardCache was closed while waiting to download.")
 
@@ -145,6 +153,12 @@ class Budget:
                 action()
             return True
         deadline = time.monotonic() + ROOM_WAIT_S
+        notice = _Notice(lambda: (
+            f"shard {i} is waiting for {need} bytes of room under cache limit {self.limit} "
+            f"bytes: every cached shard is pinned ({self._used()} bytes used; this process "
+            f"pins {self._own_pins(i)[1]}, other processes on this node the rest). It gives "
+            f"up after {ROOM_WAIT_S:.0f}s; raise cache_limit (shared by every process using "
+            "this cache_dir) or read with fewer workers/ranks per node."))
         while True:
             with self.locked():
                 if self._make_room(i, need, prefetch):
@@ -154,8 +168,12 @@ class Budget:
             if prefetch:
                 return False
             self._check_progress(i, need, deadline)
+            notice.check()
             if self._closed.wait(0.05):
                 raise CacheError("this ShardCache was closed while waiting for room.")
+
+    def _used(self) -> int:
+        return sum(size for _, size, _ in self.committed())
 
     def _make_room(self, i: int, need: int, prefetch: bool) -> bool:
         if self.limit is None:
@@ -207,3 +225,19 @@ class Budget:
                 f"shard {i}: waited {ROOM_WAIT_S:.0f}s for {need} bytes under cache limit "
                 f"{limit} bytes while other processes on this node pin the rest. Raise "
                 "cache_limit (it is shared by every process using this cache_dir).")
+
+
+class _Notice:
+    """Logs ``message()`` once, when a wait has lasted :data:`WAIT_NOTICE_S`: a loader that
+    must wait for cache room says so long before it gives up."""
+
+    __slots__ = ("_due", "_message")
+
+    def __init__(self, message: Callable[[], str]) -> None:
+        self._due: float | None = time.monotonic() + WAIT_NOTICE_S
+        self._message = message
+
+    def check(self) -> None:
+        if self._due is not None and time.monotonic() >= self._due:
+            self._due = None
+            log.warning(self._message())

@@ -20,7 +20,7 @@ import pyarrow.json as pjson
 import pyarrow.parquet as pq
 import zstandard
 
-from stoker.sharder.errors import SharderError
+from stoker.sharder.errors import SharderError, SourceValueError
 from stoker.sharder.inputs import InputFile
 
 __all__ = ["FileScan", "RangeReader", "read_head", "read_rows", "scan_file"]
@@ -46,14 +46,57 @@ def _bad_file(inp: InputFile, exc: BaseException) -> SharderError:
         "is unreadable, truncated or not in that format. Fix or remove it, or pass --format.")
 
 
+# What reading or converting a file's values may raise: a typed SharderError instead. Python's
+# OverflowError comes from values out of range (a date past year 9999 in a struct, a number
+# too large for its target type), which pyarrow raises as-is.
+_READ_ERRORS = (pa.ArrowException, OSError, ValueError, OverflowError, zstandard.ZstdError)
+
+
 @contextlib.contextmanager
-def _guard(inp: InputFile) -> Iterator[None]:
+def _guard(inp: InputFile, locate: Any = None) -> Iterator[None]:
+    """Turn read errors into a SharderError naming the file; ``locate(exc)`` may name the
+    row group and column (a SourceValueError)."""
     try:
         yield
     except SharderError:
         raise
-    except (pa.ArrowException, OSError, ValueError, zstandard.ZstdError) as exc:
-        raise _bad_file(inp, exc) from exc
+    except _READ_ERRORS as exc:
+        found = locate(exc) if locate is not None else None
+        raise (found or _bad_file(inp, exc)) from exc
+
+
+def _value_error(inp: InputFile, group: int, column: str, exc: BaseException) -> SourceValueError:
+    text = str(exc).strip()
+    detail = text.splitlines()[0] if text else "no detail"
+    return SourceValueError(
+        f"{inp.path!r}, row group {group}, column {column!r}: {type(exc).__name__}: {detail}. "
+        "The value cannot be read or converted (a corrupt page, or a value out of range such "
+        "as a date past year 9999). Fix or drop that column (`--columns`), or remove the file.",
+        inp.path, group, column)
+
+
+def _locate_parquet(inp: InputFile, target: pa.Schema, columns: list[str],
+                    groups: range) -> Any:
+    """``locate`` for a Parquet read: read the groups column by column (only after a failure)
+    and name the first (row group, column) that fails the same way."""
+    def locate(exc: BaseException) -> SourceValueError | None:
+        try:
+            pf = pq.ParquetFile(inp.path)
+        except _READ_ERRORS:
+            return None
+        for group in range(groups.start, min(groups.stop, pf.metadata.num_row_groups)):
+            for name in columns:
+                try:
+                    col = pf.read_row_group(group, columns=[name]).column(name)
+                    want = target.field(name).type if name in target.names else col.type
+                    if col.type != want:
+                        col.cast(want)
+                    if isinstance(exc, OverflowError):  # raised converting values to Python
+                        col.to_pylist()
+                except _READ_ERRORS as inner:
+                    return _value_error(inp, group, name, inner)
+        return None
+    return locate
 
 
 @contextlib.contextmanager
@@ -146,7 +189,9 @@ class RangeReader:
     def read(self, inp: InputFile, schema: pa.Schema, columns: list[str],
              row_groups: tuple[int, ...], start: int, stop: int) -> pa.Table:
         """Rows ``[start, stop)`` of ``inp`` with exactly the types of ``schema``."""
-        with _guard(inp):
+        locate = _locate_parquet(inp, schema, columns, _groups_of(row_groups, start, stop)) \
+            if inp.format == "parquet" else None
+        with _guard(inp, locate):
             if inp.format == "parquet":
                 table = _parquet_rows(inp, columns, row_groups, start, stop)
             elif inp.format not in _TABULAR:
@@ -212,7 +257,7 @@ def read_head(inp: InputFile, schema: pa.Schema, columns: list[str], rows: int) 
     than needed). Deterministic, but batch layout may differ from :func:`read_rows`."""
     if inp.format != "parquet":
         return read_rows(inp, schema, columns, (), 0, rows)
-    with _guard(inp):
+    with _guard(inp, _locate_parquet(inp, schema, columns, range(1 << 31))):
         batch = next(pq.ParquetFile(inp.path).iter_batches(batch_size=rows, columns=columns))
     arrays = [batch.column(c) for c in columns]
     target = pa.schema([schema.field(c) for c in columns])
@@ -220,12 +265,16 @@ def read_head(inp: InputFile, schema: pa.Schema, columns: list[str], rows: int) 
     return pa.Table.from_arrays(arrays, schema=target)
 
 
-def _parquet_rows(inp: InputFile, columns: list[str], row_groups: tuple[int, ...],
-                  start: int, stop: int) -> pa.Table:
+def _groups_of(row_groups: tuple[int, ...], start: int, stop: int) -> range:
+    """The row groups holding rows ``[start, stop)``."""
     offsets = [0]
     for n in row_groups:
         offsets.append(offsets[-1] + n)
-    first = bisect.bisect_right(offsets, start) - 1
-    last = bisect.bisect_left(offsets, stop) - 1
-    table = pq.ParquetFile(inp.path).read_row_groups(range(first, last + 1), columns=columns)
-    return table.slice(start - offsets[first], stop - start)
+    return range(bisect.bisect_right(offsets, start) - 1, bisect.bisect_left(offsets, stop))
+
+
+def _parquet_rows(inp: InputFile, columns: list[str], row_groups: tuple[int, ...],
+                  start: int, stop: int) -> pa.Table:
+    groups = _groups_of(row_groups, start, stop)
+    table = pq.ParquetFile(inp.path).read_row_groups(groups, columns=columns)
+    return table.slice(start - sum(row_groups[:groups.start]), stop - start)

@@ -9,4 +9,4 @@ SERVERS = Path(__file__).resolve().parents[1] / "servers"
 if str(SERVERS) not in sys.path:
     sys.path.insert(0, str(SERVERS))
 
-from server_fixtures import nginx  # noqa: E402,F401 - shared fixture
+from server_fixtures import fault_server, nginx  # noqa: E402,F401 - shared fixtures
