@@ -88,6 +88,10 @@ class MixtureReplayer(Replayer):
         self._passes: dict[tuple[Any, ...], PassOrders] = {}
 
     def _order(self, header: dict[str, Any], epoch: int) -> MixtureOrder:  # type: ignore[override]
+        return self.order(header, epoch)
+
+    def order(self, header: dict[str, Any], epoch: int) -> MixtureOrder:
+        """The mixture's order of loader epoch ``epoch`` under ``header``'s seed and options."""
         options = OrderOptions.from_dict(dict(header.get("order", {})))
         key = (int(header["seed"]), options)
         if key not in self._passes:
@@ -115,7 +119,7 @@ def _consumed(run: Run, view: MixtureView, match: np.ndarray | None) -> dict[str
         except IndexError:
             continue  # a step the geometry does not have: the replay check names it
         ks = np.arange(first, stop, plan.world_size, dtype=np.int64)
-        order = replayer._order(head, epoch)
+        order = replayer.order(head, epoch)
         src, pick = order.sources(first, stop) if len(ks) else (ks, ks)
         src, pick = src[::plan.world_size], pick[::plan.world_size]
         got = run.record_ids(rec)
