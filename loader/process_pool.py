@@ -34,6 +34,7 @@ log = logging.getLogger("stoker.loader")
 _POLL = 0.05
 _PER_WORKER = 2  # batches handed to one worker process at a time
 _MAX_TRIES = 3  # workers that may die on one batch before it is an error
+_WATCH = 5.0  # seconds between a waiting worker's checks that its consumer is alive
 
 
 def _process_main(fn: Task, tasks: Any, results: Any, context: WorkerContext,
@@ -44,8 +45,13 @@ def _process_main(fn: Task, tasks: Any, results: Any, context: WorkerContext,
     if failure is not None:
         results.send((INIT, failure))
         return
+    parent = os.getppid()
     while True:
         try:
+            if not tasks.poll(_WATCH):
+                if os.getppid() != parent:  # the consumer died (torch's ManagerWatchdog)
+                    return
+                continue
             item = tasks.recv()
         except (EOFError, OSError):  # the pool went away
             return

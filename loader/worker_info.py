@@ -1,6 +1,7 @@
 """torch's worker contract, in every worker mode: ``get_worker_info()``, seeding, user code.
 
-* Process workers (``worker_mode="process"``) start as torch's do: one intra-op thread
+* Process workers (``worker_mode="process"``) start as torch's do: torch's signal handlers,
+  one intra-op thread
   (``torch.set_num_threads(1)``: forked intra-op pools hang), ``random`` / torch / numpy seeded
   from ``base_seed + worker id`` with torch's own numpy seeding, and
   ``torch.utils.data.get_worker_info()`` returning a torch ``WorkerInfo`` whose ``dataset`` is
@@ -31,6 +32,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 import torch.utils.data._utils.worker as torch_worker
+from torch.utils.data._utils import signal_handling
 
 from stoker.loader.sample_rng import RngState, seed_all
 
@@ -66,6 +68,10 @@ class WorkerContext:
             _local.context = self
             return
         _state["process_worker"] = True
+        # torch's: SIGSEGV/SIGBUS/SIGFPE/SIGTERM print and die, whatever handler the parent
+        # had installed (a forked Python SIGTERM handler, e.g. Lightning's, would ignore the
+        # terminate() of a shutdown and hang it)
+        signal_handling._set_worker_signal_handlers()
         _state["lock"] = threading.RLock()  # a fork may have copied it held by another thread
         torch.set_num_threads(1)
         random.seed(self.seed)

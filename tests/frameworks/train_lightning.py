@@ -20,8 +20,10 @@ def main() -> None:
     import lightning as L
 
     L.seed_everything(0)
-    # built before the process group exists (and before the second process is started)
-    loader = DataLoader(Numbers(), batch_size=BATCH, shuffle=True)
+    # built before the process group exists (and before the second process is started); one
+    # process worker, forked after Lightning installed its SIGTERM handler: the interpreter's
+    # exit must still be able to stop it
+    loader = DataLoader(Numbers(), batch_size=BATCH, shuffle=True, num_workers=1)
     devices = int(sys.argv[2])
 
     class Model(L.LightningModule):

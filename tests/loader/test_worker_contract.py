@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -133,3 +135,28 @@ def test_in_order_false_yields_batches_as_they_are_ready(tmp_path) -> None:
     ordered = DataLoader(SlowFirst(), batch_size=2, num_workers=2, worker_mode="process")
     assert [b.tolist() for b in ordered][0] == [0, 1]  # in_order=True (default) keeps order
     ordered.close()
+
+
+_CONV_AFTER_PARENT = """
+import torch
+from stoker.loader import DataLoader
+
+class Conv(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.nn.functional.conv2d(torch.randn(1, 8, 64, 64), torch.randn(8, 8, 3, 3)).sum()
+
+torch.set_num_threads(2)  # the parent's intra-op pool is running before the workers fork
+torch.nn.functional.conv2d(torch.randn(4, 8, 128, 128), torch.randn(8, 8, 3, 3))
+print(len(list(DataLoader(Conv(), batch_size=2, num_workers=2, worker_mode="process"))))
+"""
+
+
+def test_forked_workers_run_torch_ops_after_the_parent_did() -> None:
+    """Issue 18 item 6: without torch.set_num_threads(1) in the worker this hung (a forked
+    copy of the parent's intra-op thread pool); run in a child so a hang is a clean failure."""
+    done = subprocess.run([sys.executable, "-c", _CONV_AFTER_PARENT], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "4", done.stderr[-2000:]
