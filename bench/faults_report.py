@@ -1,6 +1,7 @@
 """Run the fault-injection suite (tests/faults) at the issue's full trial counts; write figures.
 
-Each case of issue 8 records (trials, passes, worst recovery time) through
+Each case of issue 8 (and issue 14's cases 18-19) records (trials, failures, worst recovery
+time) through
 ``tests/faults/fault_helpers.Figures`` into the JSON-lines file named by
 ``STOKER_FAULT_FIGURES``; ``STOKER_FAULT_TRIALS_SCALE`` raises every case's CI trial count
 towards the issue's full count (``trials(ci, full)``). This script sets both, runs pytest on
@@ -45,17 +46,18 @@ def run_suite(scale: float, extra: list[str]) -> tuple[int, list[dict], float]:
 
 
 def table(rows: list[dict]) -> str:
+    """Trials (counted when each starts) and failures (trials that raised) per case."""
     merged: dict[str, dict] = {}
     for r in rows:
-        m = merged.setdefault(r["case"], {"trials": 0, "passes": 0, "worst": 0.0})
+        m = merged.setdefault(r["case"], {"trials": 0, "failures": 0, "worst": 0.0})
         m["trials"] += r["trials"]
-        m["passes"] += r["passes"]
+        m["failures"] += r["failures"]
         m["worst"] = max(m["worst"], r["worst_recovery_s"])
     key = lambda name: (int(name.split()[0]), name)  # noqa: E731 - case number first
-    lines = ["| case | trials | passes | worst recovery (s) |", "|---|---:|---:|---:|"]
+    lines = ["| case | trials | failures | worst recovery (s) |", "|---|---:|---:|---:|"]
     for name in sorted(merged, key=key):
         m = merged[name]
-        lines.append(f"| {name} | {m['trials']} | {m['passes']} | {m['worst']:.3f} |")
+        lines.append(f"| {name} | {m['trials']} | {m['failures']} | {m['worst']:.3f} |")
     return "\n".join(lines)
 
 
@@ -84,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{platform.machine()}, {cpus} CPUs, Python {platform.python_version()}: the "
             f"suite took {wall:.0f} s, pytest exit status {status} "
             f"({'all passed' if status == 0 else 'FAILURES: see the pytest output'}). "
-            "Recovery = the time from the fault to the loader/cache being back (or the "
-            "error raised); for case 16 it is the seconds per open/close cycle.\n\n"
+            "A trial is counted when it starts and a failure when it raises, so failures show "
+            "(a failed case still writes its row). Recovery = the time from the fault to the "
+            "loader/cache being back (or the error raised); for case 16 it is one open/close "
+            "cycle; for 18 and 19 the audit's run time.\n\n"
             + table(rows))
     print(body)
     if not args.no_write:

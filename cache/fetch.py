@@ -135,6 +135,7 @@ def download(fetcher: Fetcher, job: Job, policy: RetryPolicy, counters: _Counter
                     shard=job.shard, url=job.shown, status=exc.status, attempts=retries) from None
             counters.add("retries")
             delay = policy.delay(retries, exc.retry_after)
+            counters.add("backoff_ms", round(delay * 1000))
             log.info("shard %s: %s; retry %d/%d in %.2fs from byte %d", job.shard, exc.reason,
                      retries, policy.max_retries, delay, job.offset)
             if stop is not None and stop.wait(delay):

@@ -24,6 +24,8 @@ class CacheStats:
         quarantines: downloaded or cached files that failed verification and were set aside
             (a download, start-up repair, or the re-hash of a cached file on open).
         repaired: files removed at start-up because a crash had left them dirty.
+        backoff_ms: milliseconds the retries were scheduled to wait (backoff, or the
+            server's ``Retry-After``): what the policy chose, not a clock reading.
     """
 
     hits: int = 0
@@ -36,6 +38,7 @@ class CacheStats:
     restarts: int = 0
     quarantines: int = 0
     repaired: int = 0
+    backoff_ms: int = 0
 
     @property
     def hit_rate(self) -> float:

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from batch_equality import assert_batches_equal
+
 from stoker.loader import DataLoader
 from stoker.loader.arrow_source import ArrowSource
 from stoker.manifest import Manifest
@@ -17,14 +19,7 @@ FEATURES = ["f0", "f1", "f2", "flag"]
 CATS = ["c0", "c1"]
 
 
-def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
-    assert list(a) == list(b)
-    for k in a:
-        if isinstance(a[k], torch.Tensor):
-            assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
-            assert torch.equal(a[k], b[k]) or (a[k].isnan() == b[k].isnan()).all(), k
-        else:
-            assert a[k] == b[k], k
+_same = assert_batches_equal  # exact and NaN-aware (tests/support/batch_equality.py)
 
 
 @pytest.mark.parametrize("features,cats", [([], []), (FEATURES, []), (FEATURES, CATS)])
@@ -39,6 +34,42 @@ def test_fast_equals_pyarrow_path(mixed_dataset: Path, features: list[str],
         ids = rng.permutation(111)[:size]
         _same(fast.fetch(ids), slow.fetch(ids))
     assert fast._data and all(d is not None for d in fast._data.values())
+
+
+def test_the_comparison_fails_on_a_one_value_perturbation(mixed_dataset: Path) -> None:
+    """The equality above can fail: one changed value of any kind is caught."""
+    m = Manifest.load(mixed_dataset)
+    src = ArrowSource(m, features=FEATURES, categoricals=CATS, fast=False)
+    batch = src.fetch(np.arange(111)[::-1].copy())
+    batch["features"][3, 1] = float("nan")  # NaNs present: they must not hide a difference
+    checked = 0
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.numel():
+            flat = value.clone().reshape(-1)
+            i = int((~flat.isnan()).nonzero()[0]) if value.is_floating_point() else 0
+            flat[i] = torch.nextafter(flat[i], flat[i] + 1) if value.is_floating_point() \
+                else (flat[i] + 1 if value.dtype != torch.bool else ~flat[i])
+            changed = dict(batch, **{key: flat.reshape(value.shape)})
+        elif isinstance(value, list) and value:
+            j = next(i for i, v in enumerate(value) if v is not None)
+            v = value[j]
+            other = v + ("x" if isinstance(v, str) else b"x") if isinstance(v, (str, bytes)) \
+                else [v]
+            changed = dict(batch, **{key: value[:j] + [other] + value[j + 1:]})
+        else:
+            continue
+        with pytest.raises(AssertionError):
+            assert_batches_equal(batch, changed)
+        checked += 1
+    nan_moved = batch["features"].clone()
+    row, col = (nan_moved.isnan()).nonzero()[0].tolist()
+    nan_moved[row, col] = 0.0  # a NaN replaced by a number
+    with pytest.raises(AssertionError):
+        assert_batches_equal(batch, dict(batch, features=nan_moved))
+    assert checked >= 5
+    again = src.fetch(np.arange(111)[::-1].copy())
+    again["features"][3, 1] = float("nan")
+    assert_batches_equal(batch, again)  # equal (NaN at the same place) passes
 
 
 def test_compressed_shards_fall_back(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import psutil
 import pytest
@@ -155,3 +155,15 @@ def served(fault_server: FaultServer, tmp_path: Path) -> Callable[..., tuple[Pat
         return root, manifest
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _write_figures() -> Iterator[None]:
+    """Write every Figures a test made, also when the test failed (failed trials count)."""
+    from fault_helpers import Figures
+
+    Figures.made.clear()
+    yield
+    for figures in Figures.made:
+        figures.write()
+    Figures.made.clear()

@@ -34,22 +34,52 @@ def trials(ci: int, full: int) -> int:
 
 
 class Figures:
-    """Counts trials, passes and the worst recovery time of one case; written at the end."""
+    """Trials and failures of one case, counted separately; the worst recovery time.
+
+    ``start()`` opens a trial (counted at once), ``trial(recovery_s)`` closes it as passed.
+    A trial that raises in between is a failure: ``failures = trials - passes``. Every
+    ``Figures`` is written when its test ends, passed or failed (the autouse fixture in
+    conftest.py), so the report shows failed trials instead of losing the case.
+    """
+
+    made: list["Figures"] = []  # this test's figures, written by the fixture at teardown
 
     def __init__(self, case: str) -> None:
         self.case, self.trials, self.passes, self.worst = case, 0, 0, 0.0
+        self._open = False
+        self._written = False
+        Figures.made.append(self)
 
-    def trial(self, recovery_s: float, passed: bool = True) -> None:
+    @property
+    def failures(self) -> int:
+        return self.trials - self.passes
+
+    def start(self) -> None:
+        """A trial begins: it counts from now, whatever happens."""
+        if self._open:
+            raise AssertionError(f"{self.case}: start() twice without trial() in between")
         self.trials += 1
-        self.passes += int(passed)
+        self._open = True
+
+    def trial(self, recovery_s: float) -> None:
+        """The trial started last passed; ``recovery_s`` is its recovery time."""
+        if not self._open:
+            raise AssertionError(f"{self.case}: trial() without start(): a trial must be "
+                                 "counted before its checks run, or a failure could not show")
+        self._open = False
+        self.passes += 1
         self.worst = max(self.worst, recovery_s)
 
     def write(self) -> None:
+        if self._written:
+            return
+        self._written = True
         path = os.environ.get("STOKER_FAULT_FIGURES")
-        if not path:
+        if not path or not self.trials:
             return
         with open(path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"case": self.case, "trials": self.trials, "passes": self.passes,
+            f.write(json.dumps({"case": self.case, "trials": self.trials,
+                                "failures": self.failures,
                                 "worst_recovery_s": round(self.worst, 3)}) + "\n")
 
 

@@ -47,6 +47,7 @@ def _remote_corruption(served, fault_server, after_trial, tmp_path, name: str, c
     figures = Figures(name)
     rng = random.Random(name)
     for t in range(count):
+        figures.start()
         s = rng.randrange(manifest.num_shards)
         path = manifest.shards[s].path
         good = fault_server.get(path)
@@ -81,6 +82,7 @@ def _cached_corruption(served, fault_server, after_trial, tmp_path, name: str, c
     figures = Figures(name)
     rng = random.Random(name)
     for t in range(count):
+        figures.start()
         cache = tmp_path / f"c{t}"
         dl = DataLoader(fault_server.url, cache_dir=cache, **KW)
         assert ids_of(dl) == expected
@@ -150,6 +152,8 @@ def test_truncated_cached_copy_is_repaired(served, fault_server, after_trial,
 def test_dirty_cache_is_repaired_at_start(served, fault_server, after_trial,
                                           tmp_path: Path) -> None:
     root, manifest = served()
+    figures = Figures("4 dirty cache")
+    figures.start()
     expected = expected_ids(root, **KW)
     cache = tmp_path / "cache"
     dl = DataLoader(fault_server.url, cache_dir=cache, **KW)
@@ -176,6 +180,5 @@ def test_dirty_cache_is_repaired_at_start(served, fault_server, after_trial,
     assert os.listdir(d / "tmp") == []
     after_trial(caches=[(cache, manifest)], ledger=tmp_path / "a.ledger",
                 events=["repair", "quarantine"])
-    figures = Figures("4 dirty cache")
     figures.trial(sw.s)
     figures.write()

@@ -63,6 +63,7 @@ def test_flaky_network_keeps_the_exact_sequence(fault_server, after_trial, tmp_p
     rng = random.Random(5)
     fetches = 0
     for run in range(FLAKY_RUNS):
+        figures.start()
         for s in manifest.shards:
             fault_server.plan(s.path, *[_random_fault(rng, s.bytes) for _ in range(MAX_RETRIES)])
         cache = tmp_path / f"c{run}"
@@ -111,6 +112,7 @@ def test_dropped_connections_resume_by_range(fault_server, after_trial, tmp_path
     rng = random.Random(6)
     figures = Figures("6 connection dropped mid-download")
     for t in range(DROPS):
+        figures.start()
         drops = rng.randrange(1, 4)
         cuts = sorted(rng.randrange(1, size) for _ in range(drops))
         # each request continues from the last one's end: cut at the next point past it
@@ -178,6 +180,8 @@ def test_object_changed_mid_download_is_never_spliced(honour_if_range: bool, aft
 def test_refusal_fails_after_one_attempt(status: int, served, fault_server, after_trial,
                                          tmp_path: Path) -> None:
     root, manifest = served()
+    figures = Figures(f"7 HTTP {status}")
+    figures.start()
     path = manifest.shards[1].path
     fault_server.plan(path, *[Fault.status_code(status)] * 10)
     remote = Manifest.load(fault_server.url)
@@ -186,7 +190,7 @@ def test_refusal_fails_after_one_attempt(status: int, served, fault_server, afte
         with ShardCache(remote, tmp_path / "c", prefetch_workers=0, retry=slow) as cache:
             with pytest.raises(RemoteFetchError) as info:
                 cache.path(1)
-    assert sw.s < 5 and info.value.status == status and info.value.attempts == 1
+    assert info.value.status == status and info.value.attempts == 1  # refused: never retried
     assert len(fault_server.requests(path)) == 1
     # through the loader: the prefetcher's attempt and the reader's, nothing more
     with Stopwatch() as sw2:
@@ -195,10 +199,9 @@ def test_refusal_fails_after_one_attempt(status: int, served, fault_server, afte
         with pytest.raises(Exception) as info2:
             ids_of(dl)
         dl.close()
-    assert sw2.s < 5 and path in str(info2.value) and f"HTTP {status}" in str(info2.value)
+    assert path in str(info2.value) and f"HTTP {status}" in str(info2.value)
     assert len(fault_server.requests(path)) <= 3
     after_trial(caches=[(tmp_path / "c", remote), (tmp_path / "d", remote)])
-    figures = Figures(f"7 HTTP {status}")
     figures.trial(max(sw.s, sw2.s))
     figures.write()
 
@@ -208,18 +211,20 @@ def test_refusal_fails_after_one_attempt(status: int, served, fault_server, afte
 def test_persistent_5xx_fails_within_the_retry_budget(served, fault_server, after_trial,
                                                       tmp_path: Path) -> None:
     root, manifest = served()
+    figures = Figures("7 persistent 503")
+    figures.start()
     path = manifest.shards[0].path
     fault_server.plan(path, *[Fault.status_code(503)] * 100)
     remote = Manifest.load(fault_server.url)
     policy = RetryPolicy(max_retries=4, backoff_base=0.05, jitter=0.0)
-    budget = sum(policy.delay(k) for k in range(1, 5))
+    budget_ms = sum(round(policy.delay(k) * 1000) for k in range(1, 5))
     with Stopwatch() as sw:
         with ShardCache(remote, tmp_path / "c", prefetch_workers=0, retry=policy) as cache:
             with pytest.raises(RemoteFetchError) as info:
                 cache.path(0)
+            waited_ms = cache.stats().backoff_ms
     assert info.value.attempts == 5 and len(fault_server.requests(path)) == 5
-    assert budget <= sw.s < budget + 5
+    assert waited_ms == budget_ms  # the whole retry budget was waited, no more, no less
     after_trial(caches=[(tmp_path / "c", remote)])
-    figures = Figures("7 persistent 503")
     figures.trial(sw.s)
     figures.write()

@@ -81,6 +81,7 @@ def test_killed_training_process_resumes_exactly(dataset: Path, after_trial,
     rng = random.Random(14)
     figures = Figures("14 SIGKILL the main process, resume")
     for t in range(KILLS):
+        figures.start()
         ckpt = tmp_path / f"ckpt{t}.json"
         target = rng.randrange(8, total - 8)
         child = subprocess.Popen([sys.executable, "-c", _TRAIN, str(dataset), str(ckpt),
@@ -107,6 +108,8 @@ def test_killed_training_process_resumes_exactly(dataset: Path, after_trial,
 @pytest.mark.parametrize("workers", [0, 2])
 def test_ten_chained_resumes_including_the_epoch_boundary(workers: int, dataset: Path,
                                                           after_trial) -> None:
+    figures = Figures(f"15 ten chained resumes (workers={workers})")
+    figures.start()
     expected = _uninterrupted(dataset)
     per_epoch = len(DataLoader(dataset, **KW))
     stops = sorted({3, 7, 11, per_epoch - 1, per_epoch, per_epoch + 1, per_epoch + 5,
@@ -138,7 +141,6 @@ def test_ten_chained_resumes_including_the_epoch_boundary(workers: int, dataset:
                 break
     assert resumes == 10 and consumed == expected
     after_trial()
-    figures = Figures(f"15 ten chained resumes (workers={workers})")
     figures.trial(sw.s)
     figures.write()
 
@@ -163,9 +165,12 @@ def test_open_close_cycles_leak_nothing(mode: str, dataset: Path, after_trial) -
         cycle(k)
     gc.collect()
     threads, rss = threading.active_count(), me.memory_info().rss
-    with Stopwatch() as sw:
-        for k in range(cycles):
+    figures = Figures(f"16 open/close cycles ({mode})")
+    for k in range(cycles):
+        figures.start()
+        with Stopwatch() as sw:
             cycle(k)
+        figures.trial(sw.s)
     gc.collect()
     deadline = time.monotonic() + 5
     while threading.active_count() > threads and time.monotonic() < deadline:
@@ -174,6 +179,4 @@ def test_open_close_cycles_leak_nothing(mode: str, dataset: Path, after_trial) -
     growth = me.memory_info().rss - rss
     assert growth < 50 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB over {cycles} cycles"
     after_trial()
-    figures = Figures(f"16 open/close cycles ({mode})")
-    figures.trials, figures.passes, figures.worst = cycles, cycles, sw.s / cycles
     figures.write()

@@ -1,0 +1,116 @@
+"""Issue 14's fault cases: tampered derived data, and a restart over a ledger.
+
+18. Derived row-major records are rewritten with bytes flipped at a random place and their
+    own trailing checksum recomputed (what a stale or buggy build leaves). A run reads with
+    them and a ledger; ``stoker audit --dataset`` must agree with what was delivered: it fails
+    (naming a step, rank and column) exactly when a batch differed from the dataset.
+19. A run consumes a random number of batches; a new loader on the same ledger without
+    ``load_state_dict`` must be refused, and the ledger's audit must show exactly the steps
+    consumed once; the same restart written by a writer that does not check (an older
+    stoker) must fail the audit.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xxhash
+
+from fault_helpers import Figures, Stopwatch, make_dataset, trials
+
+from stoker.loader import DataLoader
+from stoker.loader.ledger import LedgerError, LedgerWriter, read_ledger
+from stoker.tools.audit import audit
+
+TAMPERS = trials(2, 20)
+RESTARTS = trials(2, 20)
+KW = dict(batch_size=16, shuffle=True, seed=4)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("trust")
+    make_dataset(root, [70, 90, 60, 80], batch_rows=16)
+    return root
+
+
+def _tamper(store: Path, rng: random.Random) -> None:
+    """Flip bytes at a random place of one record file and rewrite its trailing checksum."""
+    files = sorted(store.rglob("*.rec"))
+    assert files, "no records were saved"
+    f = rng.choice(files)
+    body = bytearray(f.read_bytes()[:-16])
+    at = rng.randrange(len(body))
+    for k in range(at, min(at + 8, len(body))):
+        body[k] ^= 0xA5
+    f.write_bytes(bytes(body) + xxhash.xxh3_128_digest(bytes(body)))
+
+
+@pytest.mark.timeout(300)
+def test_tampered_derived_records_never_pass_the_audit(dataset: Path, tmp_path: Path) -> None:
+    figures = Figures("18 tampered derived records (checksum rewritten)")
+    rng = random.Random(18)
+    for t in range(TAMPERS):
+        figures.start()
+        store = tmp_path / f"records{t}"
+        warm = DataLoader(dataset, row_major=True, row_major_dir=store, columns=["id", "x"],
+                          **KW)
+        list(warm)
+        warm._source.wait_row_major()
+        warm.close()
+        _tamper(store, rng)
+        ledger = tmp_path / f"run{t}.ledger"
+        dl = DataLoader(dataset, row_major=True, row_major_dir=store, columns=["id", "x"],
+                        ledger=ledger, **KW)
+        batches = [{k: v.clone() for k, v in b.items() if k in ("id", "x")} for b in dl]
+        dl.close()
+        wrong = [i for i, b in enumerate(batches)  # x is id / 2 in the dataset
+                 if not np.array_equal(b["x"].numpy(), (b["id"].numpy() * 0.5).astype(np.float32))]
+        with Stopwatch() as sw:
+            report = audit(ledger, dataset=str(dataset))
+        content = report.check("content")
+        if wrong:
+            assert report.exit_code == 1 and content.status == "fail", content.summary
+            assert content.details["first_mismatch"]["step"] == wrong[0]
+        else:  # the loader served the dataset's bytes (it refused or rebuilt the records)
+            assert content.status == "pass", content.summary
+        figures.trial(sw.s)
+    figures.write()
+
+
+@pytest.mark.timeout(300)
+def test_restart_over_a_ledger_is_refused_or_fails_the_audit(dataset: Path,
+                                                             tmp_path: Path) -> None:
+    figures = Figures("19 restart over a ledger")
+    rng = random.Random(19)
+    steps = len(DataLoader(dataset, **KW))
+    for t in range(RESTARTS):
+        figures.start()
+        ledger = tmp_path / f"run{t}.ledger"
+        consumed = rng.randrange(1, steps - 1)
+        first = DataLoader(dataset, ledger=ledger, **KW)
+        it = iter(first)
+        for _ in range(consumed):
+            next(it)
+        first.close()
+        again = DataLoader(dataset, ledger=ledger, **KW)  # load_state_dict forgotten
+        with pytest.raises(LedgerError, match="load_state_dict"):
+            next(iter(again))
+        again.close()
+        with Stopwatch() as sw:
+            report = audit(ledger, dataset=str(dataset))
+        assert report.reproducible and report.check("stream").details["steps"] == consumed
+        # the same restart by a writer that does not check: the audit fails it
+        seg = read_ledger(ledger).segments[0]
+        with LedgerWriter(ledger, seg.header) as w:
+            for rec, digests in zip(seg.steps, seg.content):
+                w.step(int(rec["epoch"]), int(rec["step"]), 0,
+                       np.zeros(int(rec["count"]), np.int64), 0.0, 0.0, digests.tolist())
+        restarted = audit(ledger, dataset=str(dataset))
+        assert restarted.exit_code == 1
+        assert restarted.check("resumes").details["restarts"] == 1
+        figures.trial(sw.s)
+    figures.write()
