@@ -29,7 +29,9 @@ from stoker.loader.images import ImageOptions, decode_into
 from stoker.loader import warmup
 from stoker.loader.record_table import RecordTable
 from stoker.loader.ring import BufferRing
+from stoker.loader.order import OrderOptions
 from stoker.loader.shard_records import ShardRecords
+from stoker.loader.staging import Stager
 from stoker.manifest import (Manifest, ManifestError, ShardIntegrityError, StokerError,
                              redact_url, resolve_inside)
 
@@ -130,8 +132,28 @@ class ArrowSource:
         self._rm = ShardRecords(self._plan, manifest, row_major, row_major_dir, self._lock,
                                 lambda index, data: self._data.get(index) is data) \
             if self._plan is not None else None
+        self._stager: Stager | None = None
+        self._stageable = bool(self._rm is not None and self._rm.mode)  # row_major not False
         if self._plan is not None:
             warmup.start(self._plan, schema, bool(self._rm and self._rm.mode))
+
+    def stage(self, options: OrderOptions, rank: int, world_size: int) -> bool:
+        """Read shuffled batches through staging rounds (:mod:`stoker.loader.staging`) for
+        this rank's order instead of per-shard records; whether the fast path allows it
+        (natural order reads consecutive rows and needs no staging)."""
+        if self._plan is None or not options.shuffle or not self._stageable:
+            return False
+        if self._stager is not None:
+            self._stager.close()
+        self._stager = Stager(self._plan, options, rank, world_size, self.shard_rows,
+                              self.fingerprint, self._starts, self._data_of)
+        self._rm = None
+        return True
+
+    @property
+    def stager(self) -> Stager | None:
+        """The staging of shuffled rounds, when :meth:`stage` enabled it."""
+        return self._stager
 
     def _check_categoricals(self, schema: pa.Schema) -> None:
         for name in self.categoricals:
@@ -199,7 +221,9 @@ class ArrowSource:
             self._open[index] = (table, handle)
             self._data[index] = data
             self._lock.notify_all()
-        if data is not None and self._rm is not None:
+        if data is not None and self._stager is not None:
+            self._stager.opened(batches)
+        elif data is not None and self._rm is not None:
             self._rm.opened(index, data, batches)
         return table
 
@@ -341,7 +365,7 @@ class ArrowSource:
             slot = self._ring.acquire()
             try:
                 try:
-                    filled, groups, rest = self._gather_records(ids, slot)
+                    filled, groups, rest = self._gather_records(ids, slot, epoch, seed)
                 except NotZeroCopy as exc:  # a named fallback: counted, logged, in the ledger
                     note("not_zero_copy", f"{exc} (batch of samples {_shown(ids)})")
                 except WorkerError as exc:  # a shard that cannot be opened: add the batch
@@ -359,20 +383,25 @@ class ArrowSource:
                 self._ring.release(slot)
         return self._fetch_arrow(ids, epoch, seed)
 
-    def _gather_records(self, ids: np.ndarray, slot: Any) -> tuple[dict[str, np.ndarray],
-                                                                   list[Any], list[Any]]:
+    def _gather_records(self, ids: np.ndarray, slot: Any, epoch: int = 0,
+                        seed: int = 0) -> tuple[dict[str, np.ndarray], list[Any], list[Any]]:
         """Outputs written from row-major records, then the groups the column kernels need:
         ``(filled, groups of every row for the other outputs, groups of the rows without
         records for the filled outputs)`` (see :meth:`FastPlan.run`)."""
         assert self._plan is not None  # noqa: S101
         plan = self._plan
-        filled, positions = self._gather_once(ids, slot)
-        if len(positions) and self._open_shards_of(ids[positions]):
+        if self._stager is not None:
+            filled, positions = self._stager.gather(ids, slot, epoch, seed)
+            lists = {f.name for f in self._stager.fields if f.kind == "list"}
+        else:
+            filled, positions = self._gather_once(ids, slot)
+        if self._stager is None and len(positions) and self._open_shards_of(ids[positions]):
             filled, positions = self._gather_once(ids, slot)  # opened shards map stored records
         rest: list[Any] = []
         if filled and len(positions):
-            layout = self._records.layout  # type: ignore[union-attr] - filled implies records
-            lists = {f.name for f in layout.fields if f.kind == "list"}
+            if self._stager is None:
+                layout = self._records.layout  # type: ignore[union-attr] - filled: records
+                lists = {f.name for f in layout.fields if f.kind == "list"}
             filled = {name: arr for name, arr in filled.items() if name not in lists}
             rest = [(data, chunk, row, positions[dest]) for data, chunk, row, dest
                     in plan.groups(ids[positions], self._starts, self._data_of)]
@@ -442,6 +471,8 @@ class ArrowSource:
             self._data.clear()
         if self._rm is not None:
             self._rm.close()
+        if self._stager is not None:
+            self._stager.close()
         for _, handle in entries:
             handle.__exit__(None, None, None)
 

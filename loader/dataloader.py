@@ -39,6 +39,7 @@ from stoker.loader.loader_world import WorldPlan
 from stoker.loader.mixture import Mixture
 from stoker.loader.mixture_source import MixtureSource, check_columns, is_mixture
 from stoker.loader.order import OrderOptions
+from stoker.loader.order_plan import OrderPlan, plan_order, record_stride
 from stoker.loader.record_store import default_dir
 from stoker.loader.run_ledger import open_ledger
 from stoker.loader.samplers import OrderBatchSampler, OrderSampler
@@ -180,6 +181,8 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         wants_gpu = pin_memory or bool(pin_memory_device) or str(device or "").startswith("cuda")
         self._pin_source = bool(wants_gpu) and torch.cuda.is_available()
         self._source = None
+        self._order_args = (bool(shuffle), partitions, block_size, partition_mode)
+        self._order_plan: OrderPlan | None = None  # stoker datasets: options + working set
         self._source = self._make_source(dataset, columns, features, collate_fn, batch_size,
                                          auto_collation, cache_dir, cache_limit,
                                          storage_options, partitions)
@@ -201,7 +204,6 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
             self.sampler = OrderSampler(self)
             self.batch_sampler = OrderBatchSampler(self, self.sampler) if auto_collation else None
         self.seed = resolve_seed(seed, generator)
-        self._order_args = (bool(shuffle), partitions, block_size, partition_mode)
         self._epoch = 0
         self._step = 0
         self._ahead: set[int] = set()  # steps yielded beyond _step (in_order=False)
@@ -257,6 +259,8 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
             manifest = dataset if isinstance(dataset, Manifest) else \
                 Manifest.load(os.fspath(dataset), storage_options)
             self.location = redact_url(manifest.root or "")
+            self._order_plan = self._plan_order(manifest, columns, features, batch_size,
+                                                cache_dir, cache_limit, partitions)
             source, self._cache = reader(manifest)
             return source
         self._collate = None
@@ -281,26 +285,65 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
                 partitions: int | None) -> tuple[ArrowSource, Any]:
         """The reader of one stoker dataset and its shard cache (``None`` when local)."""
         opener, max_open, cache = None, 256, None
+        plan = self._order_plan  # None for a mixture's sources
         if cache_dir is not None or is_remote(manifest.root):
             from stoker.loader.remote import open_cache, pin_bound
 
             max_open = pin_bound(manifest, partitions or OrderOptions().partitions,
-                                 self.world_size, self.num_workers, cache_limit)
+                                 self.world_size, self.num_workers, cache_limit) \
+                if plan is None else self._pins(manifest, plan, cache_limit)
             cache, opener = open_cache(manifest, cache_dir, cache_limit, storage_options,
                                        max_open, self._cache_options)
         elif manifest.kind == "arrow":
             check_local_shards(manifest)
-        make = ArrowSource
+        make: Any = ArrowSource
+        extra: dict[str, Any] = {}
         if manifest.kind != "arrow":  # files indexed in place by `stoker index`
             from stoker.loader.index_source import IndexSource
 
             make = IndexSource
-        source = make(manifest, columns=columns, features=features, opener=opener,
+            if manifest.kind == "parquet-index" and plan is not None:  # decoded row groups
+                extra["cache_bytes"] = max(1 << 26, plan.working_set.shard_bytes)
+        source = make(manifest, **extra, columns=columns, features=features, opener=opener,
                       max_open=max_open, categoricals=self._categoricals,
                       image=self._image, pin=self._pin_source, row_major=self._row_major,
                       row_major_dir=self._row_major_dir,
                       ring_depth=max(8, self.num_workers * self._prefetch + 3))
         return source, cache
+
+    def _plan_order(self, manifest: Manifest, columns: Sequence[str] | None,
+                    features: Sequence[str] | None, batch_size: int, cache_dir: Any,
+                    cache_limit: Any, partitions: int | None) -> OrderPlan:
+        """Order options of a stoker dataset, checked against the node's budgets
+        (stoker.loader.order_plan); independent of the world size."""
+        limit = None
+        if (cache_dir is not None or is_remote(manifest.root)) and cache_limit is not None:
+            from stoker.cache import parse_size
+
+            limit = parse_size(cache_limit, "cache_limit")
+        shuffle, _, block_size, partition_mode = self._order_args
+        processes = self.worker_mode == "process" and self.num_workers
+        return plan_order(
+            manifest, shuffle=shuffle, partitions=partitions, block_size=block_size,
+            partition_mode=partition_mode, batch_size=batch_size, world_size=self.world_size,
+            stride=record_stride(manifest, columns, features, self._categoricals, self._image),
+            cache_limit=limit, readers=self.num_workers + 1 if processes else 1)
+
+    def _pins(self, manifest: Manifest, plan: OrderPlan, cache_limit: Any) -> int:
+        """Shards the reader may keep pinned: its working set, never more than the limit
+        holds beside one shard being admitted (resident, unpinned shards are kept by Belady,
+        not by pins); one per worker process (pins add up across them, and one waiting for
+        room another pins can wait on it in turn; a closed shard stays readable through its
+        mapping)."""
+        if self.worker_mode == "process" and self.num_workers:
+            return 1
+        pins = max(1, plan.working_set.shards)
+        if cache_limit is not None and manifest.num_shards:
+            from stoker.cache import parse_size
+
+            fit = parse_size(cache_limit, "cache_limit") // int(manifest.shard_bytes.max()) - 1
+            pins = max(1, min(pins, fit))
+        return pins
 
     # -- torch-compatible surface -----------------------------------------------------------
     def __len__(self) -> int:

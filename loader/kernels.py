@@ -26,9 +26,10 @@ from __future__ import annotations
 import numpy as np
 
 from stoker.loader.jit import kernel
+from stoker.loader.search import last_at_or_below
 
 __all__ = ["BOOL", "CODES", "F32", "F64", "I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64",
-           "arena_views", "copy_fixed", "gather_binary", "gather_fixed", "gather_list",
+           "arena_views", "copy_fixed", "copy_ranges", "gather_binary", "gather_fixed", "gather_list",
            "var_lengths"]
 
 # Physical type codes of fixed-width Arrow buffers (index into the ``views`` tuple, except BOOL,
@@ -167,41 +168,58 @@ def _copy_bool(u8, meta, j, c, lo, n, r0, out):  # type: ignore[no-untyped-def]
 @kernel
 def copy_fixed(views, meta, starts, block, out):  # type: ignore[no-untyped-def]
     """Every row of a shard, in order: ``out[starts[c] + r, j]`` = row ``r`` of record batch
-    ``c``, column ``j`` (the values :func:`gather_fixed` writes for that row).
+    ``c``, column ``j`` (the values :func:`gather_fixed` writes for that row)."""
+    one = np.zeros(1, dtype=np.int64)
+    copy_ranges(views, meta, starts, one, one + starts[-1], one, block, out)
+
+
+@kernel
+def copy_ranges(views, meta, starts, firsts, ends, dests, block, out):  # type: ignore[no-untyped-def]
+    """Runs of consecutive shard rows: rows ``firsts[i]:ends[i]`` (shard-local) ->
+    ``out[dests[i]:dests[i] + ends[i] - firsts[i], :]``, the values :func:`gather_fixed`
+    writes for those rows.
 
     Tiled: ``block`` rows at a time, all columns, so the tile of ``out`` stays in cache while
-    each column is read sequentially (a row-major copy, see stoker.loader.rowmajor).
+    each column is read sequentially (a row-major copy, see stoker.loader.rowmajor and
+    stoker.loader.staging).
     """
     u8, i8, i16, i32, i64, u16, u32, u64, f32, f64 = views
-    for c in range(starts.shape[0] - 1):
-        rows = starts[c + 1] - starts[c]
-        for lo in range(0, rows, block):
-            n = min(block, rows - lo)
-            r0 = starts[c] + lo
-            for j in range(meta.shape[1]):
-                code = meta[0, j, 0]
-                if code == F32:
-                    _copy_column(f32, 2, u8, meta, j, c, lo, n, r0, out)
-                elif code == I64:
-                    _copy_column(i64, 3, u8, meta, j, c, lo, n, r0, out)
-                elif code == F64:
-                    _copy_column(f64, 3, u8, meta, j, c, lo, n, r0, out)
-                elif code == I32:
-                    _copy_column(i32, 2, u8, meta, j, c, lo, n, r0, out)
-                elif code == I16:
-                    _copy_column(i16, 1, u8, meta, j, c, lo, n, r0, out)
-                elif code == I8:
-                    _copy_column(i8, 0, u8, meta, j, c, lo, n, r0, out)
-                elif code == U8:
-                    _copy_column(u8, 0, u8, meta, j, c, lo, n, r0, out)
-                elif code == U16:
-                    _copy_column(u16, 1, u8, meta, j, c, lo, n, r0, out)
-                elif code == U32:
-                    _copy_column(u32, 2, u8, meta, j, c, lo, n, r0, out)
-                elif code == U64:
-                    _copy_column(u64, 3, u8, meta, j, c, lo, n, r0, out)
-                else:
-                    _copy_bool(u8, meta, j, c, lo, n, r0, out)
+    last = starts.shape[0] - 1
+    for i in range(firsts.shape[0]):
+        pos = firsts[i]
+        c = last_at_or_below(starts, pos, 0, last)
+        while pos < ends[i]:
+            stop = min(ends[i], starts[c + 1])
+            for lo in range(pos, stop, block):
+                n = min(block, stop - lo)
+                r0 = dests[i] + lo - firsts[i]
+                lo_c = lo - starts[c]
+                for j in range(meta.shape[1]):
+                    code = meta[0, j, 0]
+                    if code == F32:
+                        _copy_column(f32, 2, u8, meta, j, c, lo_c, n, r0, out)
+                    elif code == I64:
+                        _copy_column(i64, 3, u8, meta, j, c, lo_c, n, r0, out)
+                    elif code == F64:
+                        _copy_column(f64, 3, u8, meta, j, c, lo_c, n, r0, out)
+                    elif code == I32:
+                        _copy_column(i32, 2, u8, meta, j, c, lo_c, n, r0, out)
+                    elif code == I16:
+                        _copy_column(i16, 1, u8, meta, j, c, lo_c, n, r0, out)
+                    elif code == I8:
+                        _copy_column(i8, 0, u8, meta, j, c, lo_c, n, r0, out)
+                    elif code == U8:
+                        _copy_column(u8, 0, u8, meta, j, c, lo_c, n, r0, out)
+                    elif code == U16:
+                        _copy_column(u16, 1, u8, meta, j, c, lo_c, n, r0, out)
+                    elif code == U32:
+                        _copy_column(u32, 2, u8, meta, j, c, lo_c, n, r0, out)
+                    elif code == U64:
+                        _copy_column(u64, 3, u8, meta, j, c, lo_c, n, r0, out)
+                    else:
+                        _copy_bool(u8, meta, j, c, lo_c, n, r0, out)
+            pos = stop
+            c += 1
 
 
 @kernel

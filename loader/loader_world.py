@@ -1,8 +1,10 @@
 """The part of the DataLoader that depends on rank and world size, resolved late.
 
 Rank and world size are resolved when iteration starts (and by ``len()``,
-``state_dict()`` before that), see ``stoker.loader.distributed``; the order options (the
-default partition count is a multiple of the world size) and the batch plan follow.
+``state_dict()`` before that), see ``stoker.loader.distributed``; the batch plan and the
+staging of this rank's partitions follow. A stoker dataset's order options are fixed at
+construction (``stoker.loader.order_plan``: they never depend on the world size, so a state
+resumes at any world size dividing the partitions).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class WorldPlan:
     _world_arg: tuple[int | None, int | None]
     _world: tuple[int, int] | None
     _order_args: tuple[bool, int | None, int, str]
+    _order_plan: Any
     _source: Any
     _mode: str
     _loaded: Any
@@ -57,15 +60,22 @@ class WorldPlan:
         what each rank reads, so the plan is that of one process."""
         shuffle, partitions, block_size, partition_mode = self._order_args
         rank, size = world if self._mode == "order" else (0, 1)
-        if partitions is None:  # the smallest multiple of world_size >= the documented default
-            partitions = -(-OrderOptions().partitions // size) * size
-        options = OrderOptions(shuffle=shuffle, partitions=partitions, block_size=block_size,
-                               partition_mode=partition_mode).resolve(self._source.shard_rows)
+        if self._order_plan is not None:  # a stoker dataset: options fixed at construction
+            options = self._order_plan.options
+        else:
+            if partitions is None:  # the smallest multiple of world_size >= the default
+                partitions = -(-OrderOptions().partitions // size) * size
+            options = OrderOptions(shuffle=shuffle, partitions=partitions,
+                                   block_size=block_size, partition_mode=partition_mode
+                                   ).resolve(self._source.shard_rows)
         if shuffle and self._mode == "order" and options.partitions % size:
+            fit = [w for w in range(1, options.partitions + 1) if options.partitions % w == 0]
             raise ValueError(f"world_size={size} must divide partitions={options.partitions}; "
-                             "pass partitions= a multiple of every world size you plan to "
-                             "resume with (e.g. 8 or 64).")
+                             f"the world sizes that do are {fit}. Pass partitions= a multiple "
+                             "of every world size you plan to resume with (e.g. 720).")
         self.order_options = options
+        if self._mode == "order" and hasattr(self._source, "stage"):
+            self._source.stage(options, rank, size)
         self._plan = BatchPlan(int(self._source.shard_rows.sum()), (self.batch_size or 1) * size,
                                size, rank, self.drop_last)
         self._world = world

@@ -361,6 +361,65 @@ class EpochOrder:
         return (self._piece_shard[by_time].astype(np.int64), kmin[by_time].astype(np.int64),
                 last.astype(np.int64))
 
+    # -- blocks: what a rank stages at once (stoker.loader.staging) -----------------------------
+    def blocks_per_partition(self) -> int:
+        """Blocks in the longest partition: the rounds of one epoch (round ``b`` is block ``b``
+        of every partition; all partitions enter block ``b`` at the same global position)."""
+        longest = self._q + (self._rem > 0)
+        return -(-longest // self.options.block_size) if longest else 0
+
+    def _partition_of(self, pos: np.ndarray) -> np.ndarray:
+        q, rem = self._q, self._rem
+        big = pos < (q + 1) * rem
+        return np.where(big, pos // (q + 1), rem + (pos - (q + 1) * rem) // max(q, 1))
+
+    def block_of(self, ids: np.ndarray) -> np.ndarray:
+        """Block index (element ``j // K`` inside its partition) of each global sample id:
+        the staging round that holds it. Shuffled orders only."""
+        ids = np.asarray(ids, dtype=np.int64)
+        by_gid = self._by_gid()
+        i = np.searchsorted(self._piece_gid[by_gid], ids, side="right") - 1
+        piece = by_gid[np.maximum(i, 0)]
+        pos = self._piece_pos[piece] + ids - self._piece_gid[piece]
+        p = self._partition_of(pos)
+        start = p * self._q + np.minimum(p, self._rem)
+        return (pos - start) // self.options.block_size
+
+    def _by_gid(self) -> np.ndarray:
+        cached = getattr(self, "_gid_order", None)
+        if cached is None:
+            cached = self._gid_order = np.argsort(self._piece_gid, kind="stable")
+        return cached
+
+    def block_ranges(self, block: int, rank: int = 0,
+                     world_size: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """``(gid_start, length)`` of the contiguous id ranges that block ``block`` of the
+        partitions ``rank`` owns covers, sorted by id: the rows one staging round copies.
+
+        A block is ``K`` consecutive elements of the shard-permuted stream, so it is one run
+        of rows per shard it crosses (at most ``ceil(K / smallest shard) + 1`` runs).
+        """
+        rank, world_size = self._check_rank(rank, world_size)
+        K, P, q, rem = self.options.block_size, self.options.partitions, self._q, self._rem
+        parts = np.arange(rank, P, world_size, dtype=np.int64)
+        start = parts * q + np.minimum(parts, rem)
+        length = q + (parts < rem)
+        lo = start + np.minimum(block * K, length)
+        hi = start + np.minimum((block + 1) * K, length)
+        keep = hi > lo
+        lo, hi = lo[keep], hi[keep]
+        first = np.searchsorted(self._piece_pos, lo, side="right") - 1
+        last = np.searchsorted(self._piece_pos, hi, side="left")  # pieces starting before hi
+        count = last - first
+        piece = np.repeat(first, count) + (np.arange(count.sum()) - np.repeat(np.cumsum(count)
+                                                                              - count, count))
+        seg_lo = np.maximum(np.repeat(lo, count), self._piece_pos[piece])
+        nxt = np.append(self._piece_pos[1:], self.num_samples)[piece]
+        seg_hi = np.minimum(np.repeat(hi, count), nxt)
+        gid = self._piece_gid[piece] + seg_lo - self._piece_pos[piece]
+        o = np.argsort(gid, kind="stable")
+        return gid[o].astype(np.int64), (seg_hi - seg_lo)[o].astype(np.int64)
+
     def _natural_shard_uses(self, start: int, stop: int, rank: int,
                             world: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if stop <= start:

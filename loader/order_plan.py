@@ -1,0 +1,141 @@
+"""Order options for a stoker dataset, sized against the node's budgets before anything is read.
+
+:func:`plan_order` resolves the loader's order options (default partitions from
+:func:`~stoker.loader.working_set.default_partitions`), computes the rank's working set and
+refuses, with the numbers, options the node cannot hold: a staging buffer larger than a quarter
+of physical memory, or a cache limit below the shards the order needs live at once. A loader
+that cannot fit never starts, so it never thrashes or stalls (issue 12).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from stoker.loader.fastpath import FastPlan
+from stoker.loader.images import ImageOptions
+from stoker.loader.order import OrderError, OrderOptions
+from stoker.loader.rowmajor import _list_width
+from stoker.loader.working_set import (DEFAULT_BLOCK, PARTITION_LADDER, WorkingSet,
+                                       default_partitions, working_set)
+from stoker.manifest import Manifest
+
+__all__ = ["OrderPlan", "WorkingSetError", "plan_order", "record_stride"]
+
+
+class WorkingSetError(OrderError):
+    """The order's working set does not fit a budget of this node; the message names both
+    and options that fit."""
+
+
+@dataclass(frozen=True, slots=True)
+class OrderPlan:
+    """Resolved order options and the working set they imply for one rank."""
+
+    options: OrderOptions
+    working_set: WorkingSet
+    stride: int
+
+
+def _physical_memory() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40
+
+
+def record_stride(manifest: Manifest, columns: Sequence[str] | None,
+                  features: Sequence[str] | None, categoricals: Sequence[str] | None,
+                  image: ImageOptions | None) -> int:
+    """Bytes per staged row (a row-major record) for these outputs; list columns take their
+    width from the first non-empty local shard, or are bounded by the dataset's bytes per row
+    when the shards are remote (a conservative estimate)."""
+    schema = manifest.arrow_schema
+    names = list(columns) if columns is not None else list(schema.names)
+    wanted = list(dict.fromkeys(names + list(features or ()) + list(categoricals or ())))
+    if not FastPlan.supports(schema, features or (), categoricals or ()):
+        return 0
+    try:
+        plan = FastPlan(schema, wanted, list(features or ()), list(categoricals or ()), image)
+    except KeyError:
+        return 0  # an unknown column: the source raises the error that names it
+    stride = 0
+    lists = []
+    for o in plan.outputs:
+        if o.kind in ("matrix", "fixed") and o.dtype is not None:
+            stride += (len(o.columns) * np.dtype(o.dtype).itemsize + 7) // 8 * 8
+        elif o.kind == "list" and o.dtype is not None:
+            lists.append(o)
+    if lists:
+        batches = _first_local_batches(manifest)
+        per_row = int(manifest.shard_bytes.sum()) // max(1, int(manifest.shard_rows.sum()))
+        for o in lists:
+            width = _list_width(batches, o.name) if batches is not None else 0
+            stride += (width * np.dtype(o.dtype).itemsize + 7) // 8 * 8 if batches is not None \
+                else (per_row + 7) // 8 * 8
+    return stride
+
+
+def _first_local_batches(manifest: Manifest) -> list[pa.RecordBatch] | None:
+    nonempty = np.flatnonzero(manifest.shard_rows > 0)
+    if not len(nonempty) or getattr(manifest, "kind", "arrow") != "arrow":
+        return None
+    location = manifest.shard_location(int(nonempty[0]))
+    if "://" in location and not location.startswith("file://"):
+        return None
+    with pa.memory_map(location.removeprefix("file://"), "r") as source:
+        return pa.ipc.open_file(source).read_all().to_batches()
+
+
+def plan_order(manifest: Manifest, *, shuffle: bool, partitions: int | None, block_size: int,
+               partition_mode: str, batch_size: int, world_size: int, stride: int,
+               cache_limit: int | None = None, memory: int | None = None) -> OrderPlan:
+    """Resolve the order options and check the working set (see the module docstring).
+
+    Raises:
+        WorkingSetError: the working set exceeds the staging memory (a quarter of physical
+            memory, or ``memory``) or ``cache_limit``; names the figures and options that fit.
+    """
+    rows, sizes = manifest.shard_rows, manifest.shard_bytes
+    block = block_size or DEFAULT_BLOCK
+    if partitions is None:
+        partitions = default_partitions(rows, sizes, batch_size, stride, cache_limit, block) \
+            if shuffle else 1
+    options = OrderOptions(shuffle=shuffle, partitions=partitions, block_size=block,
+                           partition_mode=partition_mode).resolve(rows)
+    window = (batch_size * world_size) * 4
+    ws = working_set(rows, sizes, options, world_size, stride, window)
+    memory = _physical_memory() // 4 if memory is None else memory
+    problems = []
+    if ws.staging_bytes > memory:
+        problems.append(f"staging {ws.staged_rows} rows x {stride} B = {ws.staging_bytes} B > "
+                        f"{memory} B (a quarter of this node's memory)")
+    if cache_limit is not None and ws.shard_bytes > cache_limit:
+        problems.append(f"{ws.shards} shards live at once ({ws.shard_bytes} B) > cache_limit "
+                        f"{cache_limit} B")
+    if problems:
+        raise WorkingSetError(
+            f"the order's working set does not fit this node: {'; '.join(problems)} "
+            f"(partitions={options.partitions}, block_size={options.block_size}, "
+            f"world_size={world_size}). {_fits(rows, sizes, options, world_size, stride, memory, cache_limit)}")
+    return OrderPlan(options, ws, stride)
+
+
+def _fits(rows: np.ndarray, sizes: np.ndarray, options: OrderOptions, world_size: int,
+          stride: int, memory: int, cache_limit: int | None) -> str:
+    """A sentence naming options that fit, or the budget that would."""
+    for P in PARTITION_LADDER:
+        if P >= options.partitions or P % world_size:
+            continue
+        opts = OrderOptions(partitions=P, block_size=options.block_size,
+                            partition_mode=options.partition_mode).resolve(rows)
+        ws = working_set(rows, sizes, opts, world_size, stride)
+        if ws.staging_bytes <= memory and (cache_limit is None or ws.shard_bytes <= cache_limit):
+            return (f"partitions={P} fits ({ws.shards} shards, {ws.shard_bytes} B live; staging "
+                    f"{ws.staging_bytes} B); or raise cache_limit / lower block_size.")
+    need = working_set(rows, sizes, options, world_size, stride).shard_bytes
+    return f"No smaller partition count fits; raise cache_limit to at least {need} B."
