@@ -101,15 +101,20 @@ def plan_order(manifest: Manifest, *, shuffle: bool, partitions: int | None, blo
             memory, or ``memory``) or ``cache_limit``; names the figures and options that fit.
     """
     rows, sizes = manifest.shard_rows, manifest.shard_bytes
+    memory = _physical_memory() // 4 if memory is None else memory
     block = block_size or DEFAULT_BLOCK
     if partitions is None:
         partitions = default_partitions(rows, sizes, batch_size, stride, cache_limit, block) \
             if shuffle else 1
+    if not block_size:  # the default block shrinks (by halves) until the working set fits
+        while block > 1 and not _fit(working_set(
+                rows, sizes, OrderOptions(partitions=partitions, block_size=block), world_size,
+                stride), memory, cache_limit):
+            block //= 2
     options = OrderOptions(shuffle=shuffle, partitions=partitions, block_size=block,
                            partition_mode=partition_mode).resolve(rows)
     window = (batch_size * world_size) * 4
     ws = working_set(rows, sizes, options, world_size, stride, window)
-    memory = _physical_memory() // 4 if memory is None else memory
     problems = []
     if ws.staging_bytes > memory:
         problems.append(f"staging {ws.staged_rows} rows x {stride} B = {ws.staging_bytes} B > "
@@ -125,6 +130,10 @@ def plan_order(manifest: Manifest, *, shuffle: bool, partitions: int | None, blo
     return OrderPlan(options, ws, stride)
 
 
+def _fit(ws: WorkingSet, memory: int, cache_limit: int | None) -> bool:
+    return ws.staging_bytes <= memory and (cache_limit is None or ws.shard_bytes <= cache_limit)
+
+
 def _fits(rows: np.ndarray, sizes: np.ndarray, options: OrderOptions, world_size: int,
           stride: int, memory: int, cache_limit: int | None) -> str:
     """A sentence naming options that fit, or the budget that would."""
@@ -134,7 +143,7 @@ def _fits(rows: np.ndarray, sizes: np.ndarray, options: OrderOptions, world_size
         opts = OrderOptions(partitions=P, block_size=options.block_size,
                             partition_mode=options.partition_mode).resolve(rows)
         ws = working_set(rows, sizes, opts, world_size, stride)
-        if ws.staging_bytes <= memory and (cache_limit is None or ws.shard_bytes <= cache_limit):
+        if _fit(ws, memory, cache_limit):
             return (f"partitions={P} fits ({ws.shards} shards, {ws.shard_bytes} B live; staging "
                     f"{ws.staging_bytes} B); or raise cache_limit / lower block_size.")
     need = working_set(rows, sizes, options, world_size, stride).shard_bytes

@@ -87,6 +87,7 @@ class Stager:
         self._capacity = rounds
         self.layout: RecordLayout | None = None
         self._misfit_fields: set[str] = set()
+        self._ahead = False
         self._cond = threading.Condition()
         self._reset()
         self.staged_rows = 0  # rows copied so far (statistics)
@@ -125,6 +126,12 @@ class Stager:
                 self.layout = RecordLayout.of(self._plan, batches)
             if self.layout is not None:
                 self._misfit_fields.update(self.layout.misfits(batches))
+            # Stage ahead only when records serve every output: then shards are read only by
+            # staging, in round order, which is the future the cache evicts by. Outputs read
+            # from the shards at batch time (images, strings, ragged lists) would read a
+            # round's shards two rounds after staging did, which that future does not show.
+            served = {f.name for f in self.fields}
+            self._ahead = all(o.name in served for o in self._plan.outputs)
 
     @property
     def fields(self) -> tuple[Field, ...]:
@@ -210,10 +217,13 @@ class Stager:
     def _build(self, order: EpochOrder, r: _Round) -> None:
         gid, length = order.block_ranges(r.key[2], self.rank, self.world_size)
         shard = np.searchsorted(self._starts, gid, side="right") - 1
-        data = {s: self._data_of(s) for s in np.unique(shard).tolist()}  # fixes the layout
+        shards = np.unique(shard).tolist()
+        if shards:
+            self._data_of(shards[0])  # the first opened shard fixes the layout
         layout = self.layout
-        if layout is None:
-            raise RuntimeError("staging needs a record layout; the plan has no record field")
+        if layout is None:  # no output fits a record (e.g. only images): nothing to stage
+            r.index(gid[:0], length[:0], 0)
+            return
         total = int(length.sum())
         capacity = -(-self.options.partitions // self.world_size) * self.options.block_size
         if r.buffer.size < max(total, capacity) * layout.stride:
@@ -222,7 +232,8 @@ class Stager:
         dest0 = np.cumsum(length) - length
         fields = [f for f in layout.fields if f.name not in self._misfit_fields]
         lists = [f for f in fields if f.kind == "list"]
-        for s, d in data.items():
+        for s in shards:  # one shard open at a time: a small cache limit suffices
+            d = self._data_of(s)
             sel = np.flatnonzero(shard == s)
             first = gid[sel] - self._starts[s]
             for f in fields:
@@ -281,8 +292,9 @@ class Stager:
                 for r in rounds:
                     r.readers -= 1
                 self._cond.notify_all()
-        nxt = (epoch, seed, keys[-1][2] + 1)
-        self._prefetch(order, nxt, set(keys) | {nxt})
+        if self._ahead:
+            nxt = (epoch, seed, keys[-1][2] + 1)
+            self._prefetch(order, nxt, set(keys) | {nxt})
         return outputs, missing
 
     def _hold(self, order: EpochOrder, keys: list[_Key]) -> list[_Round]:

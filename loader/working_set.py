@@ -48,7 +48,10 @@ class WorkingSet:
 
     Attributes:
         shards: distinct shards (each pinned in the cache while needed).
-        shard_bytes: bytes of those shards (the largest ``shards`` shards of the dataset).
+        shard_bytes: bytes of those shards plus one more, the shard the cache fetches ahead
+            (the largest ``shards + 1`` shards of the dataset): what a cache limit must hold so
+            that no shard is fetched twice in an epoch (measured: with one shard less the
+            prefetcher evicts shards still needed, 1.15-3.3x fetched per epoch).
         staged_rows: rows held in staging buffers.
         staging_bytes: ``staged_rows x stride`` (row-major record bytes per row).
     """
@@ -89,14 +92,14 @@ def working_set(shard_rows: np.ndarray, shard_bytes: np.ndarray, options: OrderO
     total = int(rows.sum())
     if not options.shuffle:
         span = _span(nonempty, max(window, 1))
-        return WorkingSet(span, int(largest[:span].sum()), 0, 0)
+        return WorkingSet(span, int(largest[:span + 1].sum()), 0, 0)
     P, K = options.partitions, options.block_size
     owned = -(-P // world_size)
     per_partition = min(K, -(-total // P)) if total else 0
     shards = min(len(nonempty), owned * _span(nonempty, STAGED_ROUNDS * K))
     staged = STAGED_ROUNDS * owned * per_partition
     staged = min(staged, total)
-    return WorkingSet(shards, int(largest[:shards].sum()), staged, staged * stride)
+    return WorkingSet(shards, int(largest[:shards + 1].sum()), staged, staged * stride)
 
 
 def default_partitions(shard_rows: np.ndarray, shard_bytes: np.ndarray, batch_size: int,

@@ -30,7 +30,9 @@ def test_records_of_a_cached_dataset_live_beside_the_cache(dataset, fault_server
     fault_server.put_dir(root, "ds")
     url = f"{fault_server.url}/ds"
     manifest = Manifest.load(url)
-    kw = dict(batch_size=64, shuffle=True, seed=2)
+    # natural order reads through per-shard records; shuffled reads stage rounds in memory and
+    # leave no derived files (test_staged_reads_of_a_cached_dataset_leave_no_derived_files)
+    kw = dict(batch_size=64, shuffle=False, seed=2)
     local = DataLoader(str(root), row_major=False, **kw)
     expected = _epoch(local)
     local.close()
@@ -52,3 +54,24 @@ def test_records_of_a_cached_dataset_live_beside_the_cache(dataset, fault_server
         assert s.quarantines == 0
     assert not any(p.name == "row-major" for p in (cache_dir / manifest.fingerprint).iterdir())
     assert np.all([f.stat().st_size > 16 for f in records])
+
+
+def test_staged_reads_of_a_cached_dataset_leave_no_derived_files(dataset, fault_server, tmp_path,
+                                                                 monkeypatch: pytest.MonkeyPatch
+                                                                 ) -> None:
+    monkeypatch.delenv("STOKER_ROW_MAJOR_DIR", raising=False)
+    root, _ = dataset(n_shards=3)
+    fault_server.put_dir(root, "ds")
+    kw = dict(batch_size=64, shuffle=True, seed=2)
+    local = DataLoader(str(root), row_major=False, **kw)
+    expected = _epoch(local)
+    local.close()
+    cache_dir = tmp_path / "c"
+    loader = DataLoader(f"{fault_server.url}/ds", cache_dir=cache_dir, **kw)
+    try:
+        assert loader._source.stager is not None
+        assert _epoch(loader) == expected
+        assert loader._cache.stats().quarantines == 0
+    finally:
+        loader.close()
+    assert not (cache_dir / "row-major").exists() or not any((cache_dir / "row-major").iterdir())

@@ -90,11 +90,12 @@ def tiny_fs(tmp_path: Path):
         pytest.skip("mounting a tmpfs needs root (CI runs as root)")
     mnt = tmp_path / "tiny"
     mnt.mkdir()
-    # 7 MiB: six 1.6 MB shards overflow it, while part 2's limit (2 shards) plus one download
-    # in flight plus one evicted shard the reader still maps (its space is freed only when
-    # unmapped: 6.4 MB) fits. At 5 MiB part 2's open of a shard failed with ENOSPC; the fast
-    # path's silent fallback used to retry that open and hide it (issue 14).
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=7m", "tmpfs", str(mnt)],
+    # 8.5 MiB: six 1.6 MB shards (9.4 MB) overflow it, while part 2's limit (the loader's
+    # working set: 3 shards) plus one download in flight plus one evicted shard the reader
+    # still maps (its space is freed only when unmapped: 7.8 MB) fits. At 5 MiB part 2's open
+    # of a shard failed with ENOSPC; the fast path's silent fallback used to retry that open
+    # and hide it (issue 14).
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8704k", "tmpfs", str(mnt)],
                           capture_output=True, text=True)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
@@ -128,7 +129,9 @@ def test_tiny_filesystem_evicts_or_fails_clearly(tiny_fs: Path, fault_server, af
     # 2) the next run starts clean and, with a limit that fits, evicts and completes
     with ShardCache(remote, tiny_fs, prefetch_workers=0) as cache:
         assert not list((Path(cache.directory) / "tmp").iterdir())
-    limit = 2 * int(manifest.shard_bytes.max())
+    # the smallest limit the loader accepts: its working set (a batch straddling two shards,
+    # plus the one the cache fetches ahead); a smaller one is refused at construction
+    limit = 3 * int(manifest.shard_bytes.max())
     figures.start()
     with Stopwatch() as sw2:
         dl = DataLoader(fault_server.url, cache_dir=tiny_fs, cache_limit=limit,

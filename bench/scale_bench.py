@@ -1,0 +1,213 @@
+"""How rows/s, memory and derived data grow with the dataset: stoker vs a pyarrow baseline.
+
+Run (the command behind bench/RESULTS.md, "Scale"):
+
+    .venv/bin/python bench/scale_bench.py --sizes 2000000,5000000,10000000,20000000 \
+        --memory-limit 6GiB
+
+W1-shaped data (64 float32 features, 8 int64 categoricals, list<float32>[16], int64 label;
+batch 1024, shuffle on, default options) at each size, every case in a fresh process:
+
+- ``stoker first``: the page cache is dropped first (root only; otherwise said in the table),
+  so the shards are read from disk as on a node that never read them;
+- ``stoker later``: the same again right after (a later run on the node);
+- ``baseline``: a pyarrow row-group loader over the same rows in Parquet (row groups in a
+  seeded random order, rows shuffled inside each group, batches of 1024 stacked to NumPy):
+  the naive loader a user writes first; cold (cache dropped) and warm;
+- ``index``: the same Parquet indexed in place (``stoker index``) read by the DataLoader.
+
+Each case reports rows/s over its epoch (or over the first ``--max-seconds`` of it), peak RSS
+of the process, and bytes of derived data the loader left on disk. ``--memory-limit`` runs the
+largest size's cases in a memory cgroup of that size (page cache included), which makes that
+dataset larger than the memory the loader can use: the machine's 24 GiB of RAM and its free
+disk cannot hold a W1 dataset larger than RAM twice (Parquet for the baseline + shards).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+BATCH = 1024
+FEATURES = [f"f{i}" for i in range(64)]
+CATS = [f"c{i}" for i in range(8)]
+CGROUP = Path("/sys/fs/cgroup/memory/stoker-scale-bench")
+
+
+def prepare(workdir: Path, rows: int) -> Path:
+    """Parquet, a stoker dataset and an in-place index of the Parquet, built once per size."""
+    from stoker.sharder import shard
+    from stoker.sharder.index import index
+    from stoker.sharder.synthetic import write_tabular_parquet
+
+    d = workdir / f"w1-{rows}"
+    d.mkdir(parents=True, exist_ok=True)
+    if not (d / "parquet" / "data.parquet").exists():
+        (d / "parquet").mkdir(exist_ok=True)
+        write_tabular_parquet(d / "parquet" / "tmp.parquet", rows)
+        os.replace(d / "parquet" / "tmp.parquet", d / "parquet" / "data.parquet")
+    if not (d / "stoker" / "manifest.json").exists():
+        shard(str(d / "parquet" / "data.parquet"), str(d / "stoker"), progress=False,
+              overwrite=True)
+    if not (d / "parquet" / "manifest.json").exists():
+        index(str(d / "parquet"))
+    return d
+
+
+# -- cases (run in a child process) -------------------------------------------------------------
+def _stoker(path: Path) -> Iterator[Any]:
+    from stoker.loader import DataLoader
+
+    loader = DataLoader(str(path), batch_size=BATCH, shuffle=True, seed=0, features=FEATURES,
+                        categoricals=CATS, columns=["seq", "label"])
+    yield from loader
+
+
+def _baseline(path: Path) -> Iterator[Any]:
+    import pyarrow.parquet as pq
+
+    f = pq.ParquetFile(path / "parquet" / "data.parquet")
+    rng = np.random.default_rng(0)
+    for g in rng.permutation(f.num_row_groups):
+        t = f.read_row_group(int(g))
+        perm = rng.permutation(t.num_rows)
+        feats = np.stack([t.column(c).to_numpy() for c in FEATURES], 1)[perm]
+        cats = np.stack([t.column(c).to_numpy() for c in CATS], 1)[perm]
+        seq = t.column("seq").combine_chunks().flatten().to_numpy().reshape(t.num_rows, -1)[perm]
+        label = t.column("label").to_numpy()[perm]
+        for lo in range(0, t.num_rows, BATCH):
+            yield {"features": feats[lo:lo + BATCH], "categoricals": cats[lo:lo + BATCH],
+                   "seq": seq[lo:lo + BATCH], "label": label[lo:lo + BATCH]}
+
+
+def _derived_bytes() -> int:
+    from stoker.loader.record_store import default_dir
+
+    root = Path(default_dir(None))
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+
+
+def child(case: str, data: Path, max_seconds: float) -> dict[str, float]:
+    """Run one case; rows/s over what was read before the time limit (or the whole epoch)."""
+    before = _derived_bytes()
+    t0 = time.perf_counter()
+    it = {"stoker": lambda: _stoker(data / "stoker"), "index": lambda: _stoker(data / "parquet"),
+          "baseline": lambda: _baseline(data)}[case]()
+    rows = 0
+    for batch in it:
+        rows += len(batch["label"])
+        if time.perf_counter() - t0 > max_seconds:
+            break
+    dt = time.perf_counter() - t0
+    return {"rows": rows, "seconds": dt, "rows_per_s": rows / dt,
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "derived_bytes": _derived_bytes() - before}
+
+
+# -- parent -------------------------------------------------------------------------------------
+def _drop_caches() -> bool:
+    try:
+        subprocess.run(["sync"], check=True)
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        return False
+    return True
+
+
+def _cgroup(limit: int | None) -> Any:
+    if limit is None:
+        return None
+    CGROUP.mkdir(exist_ok=True)
+    (CGROUP / "memory.limit_in_bytes").write_text(str(limit))
+
+    def enter() -> None:
+        (CGROUP / "cgroup.procs").write_text(str(os.getpid()))
+    return enter
+
+
+def spawn(case: str, data: Path, max_seconds: float, limit: int | None) -> dict[str, float]:
+    cmd = [sys.executable, __file__, "--child", case, "--data", str(data),
+           "--max-seconds", str(max_seconds)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                         preexec_fn=_cgroup(limit))
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_size(workdir: Path, rows: int, max_seconds: float, limit: int | None) -> dict[str, Any]:
+    data = prepare(workdir, rows)
+    shard_bytes = sum(p.stat().st_size for p in (data / "stoker").rglob("*.arrow"))
+    res: dict[str, Any] = {"rows": rows, "shard_bytes": shard_bytes, "memory_limit": limit}
+    for name, case, cold in (("baseline cold", "baseline", True), ("stoker first", "stoker", True),
+                             ("stoker later", "stoker", False), ("baseline warm", "baseline", False),
+                             ("index first", "index", True), ("index later", "index", False)):
+        dropped = _drop_caches() if cold else False
+        r = spawn(case, data, max_seconds, limit)
+        r["cache_dropped"] = dropped
+        res[name] = r
+        print(f"{rows:>11,} {name:<14} {r['rows_per_s'] / 1e6:6.2f} M rows/s  "
+              f"peak RSS {r['peak_rss'] / 2**20:7.0f} MiB  derived {r['derived_bytes'] / 2**20:6.0f}"
+              f" MiB  ({r['rows']:,} rows in {r['seconds']:.1f} s{', cold' if dropped else ''})",
+              flush=True)
+    return res
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    head = ("| rows | shards GB | memory | stoker first | stoker later | baseline cold | "
+            "baseline warm | first / cold base | later / warm base | index first | index later | "
+            "peak RSS stoker | derived data |")
+    lines = [head, "|" + "---:|" * 13]
+    for r in results:
+        m = lambda k: r[k]["rows_per_s"] / 1e6  # noqa: E731
+        mem = f"{r['memory_limit'] / 2**30:.0f} GiB cgroup" if r["memory_limit"] else "24 GiB"
+        lines.append(
+            f"| {r['rows']:,} | {r['shard_bytes'] / 1e9:.1f} | {mem} | {m('stoker first'):.2f} M | "
+            f"{m('stoker later'):.2f} M | {m('baseline cold'):.2f} M | {m('baseline warm'):.2f} M | "
+            f"{m('stoker first') / m('baseline cold'):.2f}x | "
+            f"{m('stoker later') / m('baseline warm'):.2f}x | {m('index first'):.2f} M | "
+            f"{m('index later'):.2f} M | {r['stoker later']['peak_rss'] / 2**20:.0f} MiB | "
+            f"{r['stoker later']['derived_bytes']} B |")
+    return "\n".join(lines)
+
+
+def _size(text: str) -> int:
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30}
+    for u, f in units.items():
+        if text.lower().endswith(u):
+            return int(float(text[: -len(u)]) * f)
+    return int(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="2000000,5000000,10000000,20000000")
+    p.add_argument("--workdir", default="/tmp/stoker-scale")
+    p.add_argument("--max-seconds", type=float, default=60.0)
+    p.add_argument("--memory-limit", default=None, help="cgroup limit for the largest size")
+    p.add_argument("--child", default=None)
+    p.add_argument("--data", default=None)
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child, Path(args.data), args.max_seconds)))
+        return 0
+    sizes = [int(s) for s in args.sizes.split(",")]
+    limit = _size(args.memory_limit) if args.memory_limit else None
+    print(f"# {platform.node()} {os.cpu_count()} CPUs, {platform.python_version()}; "
+          f"load {os.getloadavg()[0]:.1f}", flush=True)
+    results = [run_size(Path(args.workdir), n, args.max_seconds,
+                        limit if n == max(sizes) else None) for n in sizes]
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
