@@ -93,7 +93,8 @@ def _first_local_batches(manifest: Manifest) -> list[pa.RecordBatch] | None:
 
 def plan_order(manifest: Manifest, *, shuffle: bool, partitions: int | None, block_size: int,
                partition_mode: str, batch_size: int, world_size: int, stride: int,
-               cache_limit: int | None = None, memory: int | None = None) -> OrderPlan:
+               cache_limit: int | None = None, memory: int | None = None,
+               readers: int = 1) -> OrderPlan:
     """Resolve the order options and check the working set (see the module docstring).
 
     Raises:
@@ -104,17 +105,17 @@ def plan_order(manifest: Manifest, *, shuffle: bool, partitions: int | None, blo
     memory = _physical_memory() // 4 if memory is None else memory
     block = block_size or DEFAULT_BLOCK
     if partitions is None:
-        partitions = default_partitions(rows, sizes, batch_size, stride, cache_limit, block) \
-            if shuffle else 1
+        partitions = default_partitions(rows, sizes, batch_size, stride, cache_limit, block,
+                                        readers=readers) if shuffle else 1
     if not block_size:  # the default block shrinks (by halves) until the working set fits
         while block > 1 and not _fit(working_set(
                 rows, sizes, OrderOptions(partitions=partitions, block_size=block), world_size,
-                stride), memory, cache_limit):
+                stride, readers=readers), memory, cache_limit):
             block //= 2
     options = OrderOptions(shuffle=shuffle, partitions=partitions, block_size=block,
                            partition_mode=partition_mode).resolve(rows)
     window = (batch_size * world_size) * 4
-    ws = working_set(rows, sizes, options, world_size, stride, window)
+    ws = working_set(rows, sizes, options, world_size, stride, window, readers)
     problems = []
     if ws.staging_bytes > memory:
         problems.append(f"staging {ws.staged_rows} rows x {stride} B = {ws.staging_bytes} B > "
@@ -126,7 +127,8 @@ def plan_order(manifest: Manifest, *, shuffle: bool, partitions: int | None, blo
         raise WorkingSetError(
             f"the order's working set does not fit this node: {'; '.join(problems)} "
             f"(partitions={options.partitions}, block_size={options.block_size}, "
-            f"world_size={world_size}). {_fits(rows, sizes, options, world_size, stride, memory, cache_limit)}")
+            f"world_size={world_size}). "
+            f"{_fits(rows, sizes, options, world_size, stride, memory, cache_limit, readers)}")
     return OrderPlan(options, ws, stride)
 
 
@@ -135,16 +137,16 @@ def _fit(ws: WorkingSet, memory: int, cache_limit: int | None) -> bool:
 
 
 def _fits(rows: np.ndarray, sizes: np.ndarray, options: OrderOptions, world_size: int,
-          stride: int, memory: int, cache_limit: int | None) -> str:
+          stride: int, memory: int, cache_limit: int | None, readers: int) -> str:
     """A sentence naming options that fit, or the budget that would."""
     for P in PARTITION_LADDER:
         if P >= options.partitions or P % world_size:
             continue
         opts = OrderOptions(partitions=P, block_size=options.block_size,
                             partition_mode=options.partition_mode).resolve(rows)
-        ws = working_set(rows, sizes, opts, world_size, stride)
+        ws = working_set(rows, sizes, opts, world_size, stride, readers=readers)
         if _fit(ws, memory, cache_limit):
             return (f"partitions={P} fits ({ws.shards} shards, {ws.shard_bytes} B live; staging "
                     f"{ws.staging_bytes} B); or raise cache_limit / lower block_size.")
-    need = working_set(rows, sizes, options, world_size, stride).shard_bytes
+    need = working_set(rows, sizes, options, world_size, stride, readers=readers).shard_bytes
     return f"No smaller partition count fits; raise cache_limit to at least {need} B."

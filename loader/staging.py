@@ -17,7 +17,6 @@ thread while the current one is read; a buffer is reused only when no batch read
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -38,10 +37,24 @@ if TYPE_CHECKING:
 
 __all__ = ["Stager"]
 
-logger = logging.getLogger(__name__)
 
 _Key = tuple[int, int, int]  # (epoch, seed, block)
 _END = np.iinfo(np.int64).max
+
+# Staging threads in flight in this process. A fork waits for them: a child forked while one
+# holds a lock (Numba's compiler lock, the allocator's) would wait on it forever.
+_active = threading.Condition()
+_running = 0
+
+
+def _quiesce() -> None:
+    with _active:
+        while _running:
+            _active.wait()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_quiesce)
 
 
 class _Round:
@@ -196,7 +209,7 @@ class Stager:
                     break
                 if r.ready:
                     return
-                if r.error is not None:
+                if r.error is not None:  # staging it ahead failed: that error, for this batch
                     del self._rounds[key]
                     raise r.error
                 if not wait:
@@ -206,10 +219,14 @@ class Stager:
             self._build(order, r)
         except BaseException as exc:
             with self._cond:
-                self._rounds.pop(key, None)
                 self._free.append(r.buffer)
+                if wait:
+                    self._rounds.pop(key, None)
+                else:  # staged ahead: the batch that needs the round raises this error
+                    r.error = exc
                 self._cond.notify_all()
-            raise exc
+            if wait:
+                raise
         with self._cond:
             r.ready = True
             self._cond.notify_all()
@@ -266,11 +283,15 @@ class Stager:
         pool.submit(self._background, order, key, keep)
 
     def _background(self, order: EpochOrder, key: _Key, keep: set[_Key]) -> None:
+        global _running
+        with _active:
+            _running += 1
         try:
-            self._ensure(order, key, keep, wait=False)
-        except Exception as exc:  # noqa: BLE001 - re-raised by the batch that needs the round
-            logger.debug("staging round %s ahead failed (%s); the batch that needs it stages "
-                         "it again and raises if it fails again", key, exc)
+            self._ensure(order, key, keep, wait=False)  # an error is kept in the round
+        finally:
+            with _active:
+                _running -= 1
+                _active.notify_all()
 
     # -- batches ------------------------------------------------------------------------------
     def gather(self, ids: np.ndarray, slot: Slot, epoch: int,
