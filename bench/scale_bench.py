@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", default="/tmp/stoker-scale")
     p.add_argument("--max-seconds", type=float, default=60.0)
     p.add_argument("--memory-limit", default=None, help="cgroup limit for the largest size")
+    p.add_argument("--prepare-only", action="store_true", help="build the datasets and stop")
     p.add_argument("--child", default=None)
     p.add_argument("--data", default=None)
     args = p.parse_args(argv)
@@ -200,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args.child, Path(args.data), args.max_seconds)))
         return 0
     sizes = [int(s) for s in args.sizes.split(",")]
+    if args.prepare_only:
+        for n in sizes:
+            prepare(Path(args.workdir), n)
+        return 0
     limit = _size(args.memory_limit) if args.memory_limit else None
     print(f"# {platform.node()} {os.cpu_count()} CPUs, {platform.python_version()}; "
           f"load {os.getloadavg()[0]:.1f}", flush=True)

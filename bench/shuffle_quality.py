@@ -63,12 +63,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("shards permuted only (P=1, K=1)", OrderOptions(partitions=1, block_size=1)),
         ("P=1, K=1 shard", OrderOptions(partitions=1, block_size=shard)),
         ("P=1, K=auto (4 shards)", OrderOptions(partitions=1)),
-        ("P=8, K=auto (4 shards) [default]", OrderOptions()),
-        ("P=8, K=auto, fixed partitions", OrderOptions(partition_mode="fixed")),
-        ("P=8, K=16 shards", OrderOptions(block_size=16 * shard)),
+        ("P=8, K=auto (4 shards) [first default]", OrderOptions(partitions=8)),
+        ("P=32, K=auto (4 shards) [default until issue 12]", OrderOptions(partitions=32)),
+        ("P=12, K=1024 [default: indexed Parquet, 20 M rows]",
+         OrderOptions(partitions=12, block_size=1024)),
+        ("P=24, K=1024", OrderOptions(partitions=24, block_size=1024)),
+        ("P=120, K=1024", OrderOptions(partitions=120, block_size=1024)),
+        ("P=240, K=1024 [default: batch 256]", OrderOptions(partitions=240, block_size=1024)),
+        ("P=720, K=1024 [default: batch >= 720]", OrderOptions(partitions=720, block_size=1024)),
+        ("P=8, K=auto, fixed partitions", OrderOptions(partitions=8, partition_mode="fixed")),
+        ("P=8, K=16 shards", OrderOptions(partitions=8, block_size=16 * shard)),
         ("P=64, K=auto (4 shards)", OrderOptions(partitions=64)),
         ("P=64, K=16 shards", OrderOptions(partitions=64, block_size=16 * shard)),
-        ("P=8, K=N (full shuffle per partition)", OrderOptions(block_size=n)),
+        ("P=8, K=N (full shuffle per partition)", OrderOptions(partitions=8, block_size=n)),
     ]
     base: dict[str, float] = {}
     header = (f"{'order':40s} {'distinct/batch':>15s} {'entropy bits':>13s} {'TV to data':>11s} "

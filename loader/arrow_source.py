@@ -146,7 +146,9 @@ class ArrowSource:
         if self._stager is not None:
             self._stager.close()
         self._stager = Stager(self._plan, options, rank, world_size, self.shard_rows,
-                              self.fingerprint, self._starts, self._data_of)
+                              self.fingerprint, self._starts,
+                              lambda s, *rows: [(self._data_of(s), *rows)],
+                              stage_ahead=self._opener == self._local_opener)
         self._rm = None
         return True
 

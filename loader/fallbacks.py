@@ -28,6 +28,8 @@ REASONS = {
                      "its rows are read with pyarrow instead of the Numba kernels",
     "row_major_failed": "a shard's row-major records could not be built or mapped: its "
                         "batches use the column kernels",
+    "index_unstaged": "a list column of indexed Parquet has another width in some row group: "
+                      "those batches are read with pyarrow instead of from staged records",
     "warmup_skipped": "the kernels could not be compiled ahead of the first batch: the first "
                       "batch compiles them (and raises if they cannot be)",
 }

@@ -20,6 +20,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from stoker.loader.arrow_source import ArrowSource
+from stoker.loader.fallbacks import note
+from stoker.loader.fastpath import FastPlan
+from stoker.loader.index_staging import RowGroups, all_records
+from stoker.loader.order import OrderOptions
+from stoker.loader.staging import Stager
 from stoker.manifest import Manifest, ManifestError, ShardIntegrityError, hash_file, redact_url
 from stoker.manifest.webdataset_columns import SampleFormatError, parse_members, samples_to_table
 
@@ -89,6 +94,51 @@ class IndexSource(ArrowSource):
                     "its order, will change).", shard=info.path)
             self._verified.add(index)
         return path
+
+    # -- staging (stoker.loader.index_staging) ---------------------------------------------
+    def stage(self, options: OrderOptions, rank: int, world_size: int) -> bool:
+        """Serve shuffled batches from staged rounds when every output is a record (fixed
+        width or list columns of indexed Parquet); decoded row groups are kept within
+        ``cache_bytes``, which the loader sizes to the order's working set."""
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+        if self.manifest.kind != "parquet-index" or not options.shuffle or self.image \
+                or not FastPlan.supports(self._schema, self.features, self.categoricals):
+            return False
+        plan = FastPlan(self._schema, self.columns, self.features, self.categoricals)
+        if not all_records(plan):
+            return False
+        groups = RowGroups(self._verified_group,
+                           lambda f: np.asarray(self.manifest.shards[f].batch_rows),
+                           plan.kernel_columns, lambda b: self._stager.opened(b),  # type: ignore[union-attr]
+                           self._cache_bytes)
+        self._staged_plan = plan
+        self._stager = Stager(plan, options, rank, world_size, self.shard_rows,
+                              self.fingerprint, self._starts, groups.runs)
+        return True
+
+    def _verified_group(self, index: int, group: int) -> pa.Table:
+        self.verify(index)
+        self.opened_shards.add(index)
+        return self._read_group(index, group)
+
+    def fetch(self, ids: np.ndarray, epoch: int = 0, seed: int = 0) -> dict[str, Any]:
+        """As :meth:`ArrowSource.fetch`; from staged rounds when :meth:`stage` enabled them."""
+        ids = np.asarray(ids, dtype=np.int64)
+        stager = self._stager
+        if stager is not None and len(ids):
+            slot = self._ring.acquire()
+            try:
+                filled, missing = stager.gather(ids, slot, epoch, seed)
+                plan = self._staged_plan
+                if not len(missing) and all(o.name in filled for o in plan.outputs):
+                    return plan.run([], len(ids), slot, lambda cols: {}, None, filled)
+                note("index_unstaged", f"a list column's width differs between row groups; "
+                                       f"batch of samples {ids[:4].tolist()}... read by pyarrow")
+            finally:
+                self._ring.release(slot)
+        return super().fetch(ids, epoch, seed)
 
     # -- reading --------------------------------------------------------------------------
     def _empty(self, columns: list[str]) -> pa.Table:

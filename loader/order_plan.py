@@ -15,13 +15,14 @@ from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from stoker.loader.fastpath import FastPlan
 from stoker.loader.images import ImageOptions
 from stoker.loader.order import OrderError, OrderOptions
 from stoker.loader.rowmajor import _list_width
-from stoker.loader.working_set import (DEFAULT_BLOCK, PARTITION_LADDER, WorkingSet,
-                                       default_partitions, working_set)
+from stoker.loader.working_set import (DEFAULT_BLOCK, PARTITION_LADDER, STAGING_LIMIT,
+                                       WorkingSet, default_partitions, working_set)
 from stoker.manifest import Manifest
 
 __all__ = ["OrderPlan", "WorkingSetError", "plan_order", "record_stride"]
@@ -81,13 +82,19 @@ def record_stride(manifest: Manifest, columns: Sequence[str] | None,
 
 
 def _first_local_batches(manifest: Manifest) -> list[pa.RecordBatch] | None:
+    """The first non-empty local shard's record batches (an indexed Parquet file's first
+    row group); ``None`` for remote shards."""
     nonempty = np.flatnonzero(manifest.shard_rows > 0)
-    if not len(nonempty) or getattr(manifest, "kind", "arrow") != "arrow":
+    kind = getattr(manifest, "kind", "arrow")
+    if not len(nonempty) or kind not in ("arrow", "parquet-index"):
         return None
     location = manifest.shard_location(int(nonempty[0]))
     if "://" in location and not location.startswith("file://"):
         return None
-    with pa.memory_map(location.removeprefix("file://"), "r") as source:
+    path = location.removeprefix("file://")
+    if kind == "parquet-index":
+        return pq.ParquetFile(path).read_row_group(0).to_batches()
+    with pa.memory_map(path, "r") as source:
         return pa.ipc.open_file(source).read_all().to_batches()
 
 
@@ -103,6 +110,9 @@ def plan_order(manifest: Manifest, *, shuffle: bool, partitions: int | None, blo
     """
     rows, sizes = manifest.shard_rows, manifest.shard_bytes
     memory = _physical_memory() // 4 if memory is None else memory
+    if getattr(manifest, "kind", "arrow") == "parquet-index":
+        return _plan_index(manifest, shuffle, partitions, block_size, partition_mode,
+                           batch_size, world_size, stride, memory)
     block = block_size or DEFAULT_BLOCK
     if partitions is None:
         partitions = default_partitions(rows, sizes, batch_size, stride, cache_limit, block,
@@ -150,3 +160,37 @@ def _fits(rows: np.ndarray, sizes: np.ndarray, options: OrderOptions, world_size
                     f"{ws.staging_bytes} B); or raise cache_limit / lower block_size.")
     need = working_set(rows, sizes, options, world_size, stride, readers=readers).shard_bytes
     return f"No smaller partition count fits; raise cache_limit to at least {need} B."
+
+
+def _plan_index(manifest: Manifest, shuffle: bool, partitions: int | None, block_size: int,
+                partition_mode: str, batch_size: int, world_size: int, stride: int,
+                memory: int) -> OrderPlan:
+    """Indexed Parquet: the unit read at once is a row group, decoded in memory, so the working
+    set counts row groups (``shards`` and ``shard_bytes`` are row groups and their decoded
+    bytes, estimated at ``stride`` per row): default partitions fit decoded groups plus staging
+    in :data:`~stoker.loader.working_set.STAGING_LIMIT`."""
+    rows = manifest.shard_rows
+    groups = np.array([r for s in manifest.shards for r in s.batch_rows], dtype=np.int64)
+    decoded = groups * max(stride, 1)
+    block = block_size or DEFAULT_BLOCK
+
+    def ws_of(P: int, W: int) -> WorkingSet:
+        opts = OrderOptions(partitions=P, block_size=block).resolve(rows)
+        return working_set(groups, decoded, opts, W, stride)
+
+    if partitions is None:
+        partitions = 1 if not shuffle else next(
+            (P for P in PARTITION_LADDER if P <= max(1, batch_size)
+             and ws_of(P, 1).shard_bytes + ws_of(P, 1).staging_bytes <= STAGING_LIMIT), 1)
+    options = OrderOptions(shuffle=shuffle, partitions=partitions, block_size=block,
+                           partition_mode=partition_mode).resolve(rows)
+    ws = ws_of(options.partitions, world_size) if shuffle else \
+        working_set(groups, decoded, options, world_size, stride, batch_size * world_size * 4)
+    if shuffle and ws.shard_bytes + ws.staging_bytes > memory:
+        raise WorkingSetError(
+            f"the order's working set does not fit this node: {ws.shards} decoded row groups "
+            f"({ws.shard_bytes} B) plus staging ({ws.staging_bytes} B) > {memory} B (a quarter "
+            f"of this node's memory) (partitions={options.partitions}, block_size="
+            f"{options.block_size}, world_size={world_size}). Use fewer partitions, or rewrite "
+            "the files with smaller row groups.")
+    return OrderPlan(options, ws, stride)

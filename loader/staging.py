@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -41,20 +41,6 @@ __all__ = ["Stager"]
 _Key = tuple[int, int, int]  # (epoch, seed, block)
 _END = np.iinfo(np.int64).max
 
-# Staging threads in flight in this process. A fork waits for them: a child forked while one
-# holds a lock (Numba's compiler lock, the allocator's) would wait on it forever.
-_active = threading.Condition()
-_running = 0
-
-
-def _quiesce() -> None:
-    with _active:
-        while _running:
-            _active.wait()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_quiesce)
 
 
 class _Round:
@@ -86,21 +72,31 @@ class Stager:
         rank, world_size: whose partitions are staged.
         shard_rows, fingerprint: the dataset (its order is rebuilt per epoch and seed).
         starts: global id of each shard's first row (``[shards + 1]``).
-        data_of: opens shard ``i`` and returns its kernel inputs.
+        runs_of: ``runs_of(shard, firsts, ends, dests)`` opens what holds rows
+            ``firsts[i]:ends[i]`` of ``shard`` and yields ``(ShardData, firsts, ends, dests)``
+            in that data's own row numbers (a native shard is one ShardData; an indexed
+            Parquet file is one per row group).
         rounds: buffers kept (see :data:`~stoker.loader.working_set.STAGED_ROUNDS`).
+        stage_ahead: stage the next round in a background thread. Off for shards read
+            through a cache: its own prefetcher fetches ahead, and a staging thread waiting
+            for cache room would outlive its loader.
     """
 
     def __init__(self, plan: FastPlan, options: OrderOptions, rank: int, world_size: int,
                  shard_rows: np.ndarray, fingerprint: str, starts: np.ndarray,
-                 data_of: Callable[[int], ShardData], rounds: int = STAGED_ROUNDS) -> None:
+                 runs_of: Callable[..., Iterable[tuple[ShardData, np.ndarray, np.ndarray,
+                                                       np.ndarray]]],
+                 rounds: int = STAGED_ROUNDS, stage_ahead: bool = True) -> None:
         self._plan, self.options = plan, options
         self.rank, self.world_size = rank, world_size
         self._rows, self._fingerprint, self._starts = shard_rows, fingerprint, starts
-        self._data_of = data_of
+        self._runs_of = runs_of
         self._capacity = rounds
         self.layout: RecordLayout | None = None
         self._misfit_fields: set[str] = set()
         self._ahead = False
+        self._closed = False
+        self.stage_ahead = stage_ahead
         self._cond = threading.Condition()
         self._reset()
         self.staged_rows = 0  # rows copied so far (statistics)
@@ -234,9 +230,15 @@ class Stager:
     def _build(self, order: EpochOrder, r: _Round) -> None:
         gid, length = order.block_ranges(r.key[2], self.rank, self.world_size)
         shard = np.searchsorted(self._starts, gid, side="right") - 1
-        shards = np.unique(shard).tolist()
-        if shards:
-            self._data_of(shards[0])  # the first opened shard fixes the layout
+        dest0 = np.cumsum(length) - length
+        per_shard = []
+        for s in np.unique(shard).tolist():
+            sel = np.flatnonzero(shard == s)
+            first = gid[sel] - self._starts[s]
+            per_shard.append((s, first, first + length[sel], dest0[sel]))
+        # the first shard opened fixes the layout; later ones open one at a time, so a small
+        # cache limit suffices
+        first_runs = list(self._runs_of(*per_shard[0])) if per_shard else []
         layout = self.layout
         if layout is None:  # no output fits a record (e.g. only images): nothing to stage
             r.index(gid[:0], length[:0], 0)
@@ -246,27 +248,10 @@ class Stager:
         if r.buffer.size < max(total, capacity) * layout.stride:
             r.buffer = _allocate(max(total, capacity), layout.stride, np.dtype(np.uint8))
         rec = r.buffer.reshape(-1, layout.stride)
-        dest0 = np.cumsum(length) - length
         fields = [f for f in layout.fields if f.name not in self._misfit_fields]
-        lists = [f for f in fields if f.kind == "list"]
-        for s in shards:  # one shard open at a time: a small cache limit suffices
-            d = self._data_of(s)
-            sel = np.flatnonzero(shard == s)
-            first = gid[sel] - self._starts[s]
-            for f in fields:
-                if f.kind != "list":
-                    view = rec[:, f.offset:f.offset + f.nbytes].view(f.dtype)
-                    k.copy_ranges(d.views, d.matrix_meta(f.columns), d.starts, first,
-                                  first + length[sel], dest0[sel], _TILE, view)
-            if lists:
-                n = length[sel]
-                rows = np.repeat(first, n) + _ramp(n)
-                dest = np.repeat(dest0[sel], n) + _ramp(n)
-                chunk = np.searchsorted(d.starts, rows, side="right") - 1
-                for f in lists:
-                    view = rec[:, f.offset:f.offset + f.nbytes].view(f.dtype)
-                    k.gather_list(d.views, d.meta[f.name], chunk, rows - d.starts[chunk], dest,
-                                  view)
+        for i, args in enumerate(per_shard):
+            for run in first_runs if i == 0 else self._runs_of(*args):
+                _copy(rec, fields, *run)
         r.index(gid, length, layout.stride)
         self.staged_rows += total
         self.rounds_staged += 1
@@ -283,15 +268,8 @@ class Stager:
         pool.submit(self._background, order, key, keep)
 
     def _background(self, order: EpochOrder, key: _Key, keep: set[_Key]) -> None:
-        global _running
-        with _active:
-            _running += 1
-        try:
+        if not self._closed:
             self._ensure(order, key, keep, wait=False)  # an error is kept in the round
-        finally:
-            with _active:
-                _running -= 1
-                _active.notify_all()
 
     # -- batches ------------------------------------------------------------------------------
     def gather(self, ids: np.ndarray, slot: Slot, epoch: int,
@@ -313,7 +291,7 @@ class Stager:
                 for r in rounds:
                     r.readers -= 1
                 self._cond.notify_all()
-        if self._ahead:
+        if self._ahead and self.stage_ahead:
             nxt = (epoch, seed, keys[-1][2] + 1)
             self._prefetch(order, nxt, set(keys) | {nxt})
         return outputs, missing
@@ -359,10 +337,31 @@ class Stager:
 
     def close(self) -> None:
         """Stop staging ahead; buffers are freed with the stager."""
+        self._closed = True
         with self._cond:
             pool, self._pool = self._pool, None
         if pool is not None and self._pid == os.getpid():
             pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _copy(rec: np.ndarray, fields: Sequence[Field], d: ShardData, first: np.ndarray,
+          end: np.ndarray, dest: np.ndarray) -> None:
+    """Rows ``first[i]:end[i]`` of ``d`` -> records ``dest[i]...`` of ``rec``, every field."""
+    lists = []
+    for f in fields:
+        view = rec[:, f.offset:f.offset + f.nbytes].view(f.dtype)
+        if f.kind == "list":
+            lists.append((f, view))
+        else:
+            k.copy_ranges(d.views, d.matrix_meta(f.columns), d.starts, first, end, dest, _TILE,
+                          view)
+    if lists:
+        n = end - first
+        rows = np.repeat(first, n) + _ramp(n)
+        to = np.repeat(dest, n) + _ramp(n)
+        chunk = np.searchsorted(d.starts, rows, side="right") - 1
+        for f, view in lists:
+            k.gather_list(d.views, d.meta[f.name], chunk, rows - d.starts[chunk], to, view)
 
 
 def _ramp(n: np.ndarray) -> np.ndarray:

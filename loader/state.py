@@ -71,5 +71,12 @@ class LoaderState:
             diff = {k: (self.order.get(k), current.order.get(k))
                     for k in set(self.order) | set(current.order)
                     if self.order.get(k) != current.order.get(k)}
-            raise StateError(f"incompatible state: order options differ (saved, now): {diff}; "
-                             "create the loader with the saved shuffle/partitions/block_size.")
+            saved = dict(self.order)
+            raise StateError(
+                f"incompatible state: order options differ (saved, now): {diff}; create the "
+                f"loader with the saved options: shuffle={saved.get('shuffle')}, partitions="
+                f"{saved.get('partitions')}, block_size={saved.get('block_size')}, "
+                f"partition_mode={saved.get('partition_mode')!r}. (stoker 0.1's defaults changed "
+                "after states were first written: partitions are now chosen from the order's "
+                "working set and block_size defaults to 1024, so a state saved with the old "
+                "defaults continues only with those options passed explicitly.)")

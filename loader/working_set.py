@@ -65,12 +65,15 @@ class WorkingSet:
         return asdict(self)
 
 
-def _span(sorted_rows: np.ndarray, length: int) -> int:
-    """Most shards a run of ``length`` consecutive stream samples can intersect."""
+def _span(sorted_rows: np.ndarray, length: int, partial: int = 2) -> int:
+    """Most shards a run of ``length`` consecutive stream samples can intersect: the most
+    whole shards that fit, plus ``partial`` cut ones (the run's two ends; in ``"fixed"``
+    partition mode a partition's pieces are re-ordered, so its two boundary pieces, parts of
+    shards, can sit inside the run too: 4)."""
     if length <= 0 or not len(sorted_rows):
         return 0
     whole = int(np.searchsorted(np.cumsum(sorted_rows), length, side="right"))
-    return min(len(sorted_rows), whole + 2)
+    return min(len(sorted_rows), whole + partial)
 
 
 def working_set(shard_rows: np.ndarray, shard_bytes: np.ndarray, options: OrderOptions,
@@ -102,7 +105,8 @@ def working_set(shard_rows: np.ndarray, shard_bytes: np.ndarray, options: OrderO
     P, K = options.partitions, options.block_size
     owned = -(-P // world_size)
     per_partition = min(K, -(-total // P)) if total else 0
-    shards = min(len(nonempty), readers * owned * _span(nonempty, STAGED_ROUNDS * K))
+    partial = 4 if options.partition_mode == "fixed" else 2
+    shards = min(len(nonempty), readers * owned * _span(nonempty, STAGED_ROUNDS * K, partial))
     staged = readers * min(STAGED_ROUNDS * owned * per_partition, total)
     return WorkingSet(shards, int(largest[:shards + 1].sum()), staged, staged * stride)
 

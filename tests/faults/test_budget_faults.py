@@ -54,10 +54,14 @@ def test_three_shard_budget_under_eight_readers(fault_server, after_trial, tmp_p
     root = tmp_path / "ds"
     manifest = make_dataset(root, [60, 64, 68, 72, 76, 80], payload=256)
     fault_server.put_dir(root)
-    kw = dict(batch_size=8, shuffle=True, seed=10, partitions=1)
-    expected = [expected_ids(root, e, **kw) for e in range(EPOCHS)]
     largest = int(manifest.shard_bytes.max())
     limit = 3 * largest
+    # the default block size shrinks until the order's working set fits the limit (issue 12):
+    # the local reference reads with the same block size
+    block = DataLoader(str(root), batch_size=8, shuffle=True, seed=10, partitions=1,
+                       cache_dir=tmp_path / "probe", cache_limit=limit).order_options.block_size
+    kw = dict(batch_size=8, shuffle=True, seed=10, partitions=1, block_size=block)
+    expected = [expected_ids(root, e, **kw) for e in range(EPOCHS)]
     cache = tmp_path / "cache"
     with Stopwatch() as sw, DiskSampler(cache / manifest.fingerprint) as disk:
         # the loader keeps at most 2 shards open (what a 3-shard budget can pin beside one being
