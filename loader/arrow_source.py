@@ -30,6 +30,7 @@ from stoker.loader import warmup
 from stoker.loader.record_table import RecordTable
 from stoker.loader.ring import BufferRing
 from stoker.loader.order import OrderOptions
+from stoker.loader.order_plan import record_stride
 from stoker.loader.shard_records import ShardRecords
 from stoker.loader.staging import Stager
 from stoker.manifest import (Manifest, ManifestError, ShardIntegrityError, StokerError,
@@ -68,7 +69,11 @@ class ArrowSource:
             ``"auto"``: records are mapped from ``row_major_dir`` when a shard opens, else
             built in a background thread (batches use the column path until then), while
             all records fit ``min(2 GiB, physical memory / 4)``; ``True``: built when the
-            shard opens, no limit; ``False``: never. Costs ``rows x stride`` bytes per open
+            shard opens, no limit; ``False``: never; ``"staged"``: shuffled reads always
+            stage rounds (see :meth:`stage`). Under ``"auto"``, a shuffled order whose records
+            for the whole dataset exceed the budget stages its rounds instead
+            (:mod:`stoker.loader.staging`: a working set bounded at any dataset size).
+            Costs ``rows x stride`` bytes per open
             shard (stride: the outputs' bytes per row, each rounded up to 8). Forked worker
             processes (``worker_mode="process"``) build none under ``"auto"`` (each would
             hold its own) but map the stored ones.
@@ -129,11 +134,14 @@ class ArrowSource:
         self._lock = threading.Condition()
         self._opening: set[int] = set()  # shards being opened (pinned) by some thread now
         self.opened_shards: set[int] = set()
+        self._force_stage = row_major == "staged"
+        if self._force_stage:
+            row_major = "auto"
         self._rm = ShardRecords(self._plan, manifest, row_major, row_major_dir, self._lock,
                                 lambda index, data: self._data.get(index) is data) \
             if self._plan is not None else None
         self._stager: Stager | None = None
-        self._stageable = bool(self._rm is not None and self._rm.mode)  # row_major not False
+        self._records_mode = self._rm.mode if self._rm is not None else 0  # bytes; -1: any
         if self._plan is not None:
             warmup.start(self._plan, schema, bool(self._rm and self._rm.mode))
 
@@ -141,7 +149,8 @@ class ArrowSource:
         """Read shuffled batches through staging rounds (:mod:`stoker.loader.staging`) for
         this rank's order instead of per-shard records; whether the fast path allows it
         (natural order reads consecutive rows and needs no staging)."""
-        if self._plan is None or not options.shuffle or not self._stageable:
+        if self._plan is None or not options.shuffle or not self._records_mode \
+                or (not self._force_stage and self._records_fit()):
             return False
         if self._stager is not None:
             self._stager.close()
@@ -151,6 +160,16 @@ class ArrowSource:
                               stage_ahead=self._opener == self._local_opener)
         self._rm = None
         return True
+
+    def _records_fit(self) -> bool:
+        """Whether every shard's records fit the records budget (``row_major=True``: always):
+        then per-shard records, built once per node and mapped, serve shuffled batches
+        fastest; beyond it, rounds are staged (a bounded working set at any size)."""
+        if self._records_mode < 0:
+            return True
+        stride = record_stride(self.manifest, self.columns, self.features, self.categoricals,
+                               self.image)
+        return int(self.shard_rows.sum()) * stride <= self._records_mode
 
     @property
     def stager(self) -> Stager | None:

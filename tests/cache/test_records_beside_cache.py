@@ -67,7 +67,7 @@ def test_staged_reads_of_a_cached_dataset_leave_no_derived_files(dataset, fault_
     expected = _epoch(local)
     local.close()
     cache_dir = tmp_path / "c"
-    loader = DataLoader(f"{fault_server.url}/ds", cache_dir=cache_dir, **kw)
+    loader = DataLoader(f"{fault_server.url}/ds", cache_dir=cache_dir, row_major="staged", **kw)
     try:
         assert loader._source.stager is not None
         assert _epoch(loader) == expected

@@ -25,7 +25,7 @@ def test_a_limit_at_the_working_set_fetches_each_epoch_about_once(
     root, manifest = dataset(n_shards=40, rows=300, blob=512, grow=0)
     fault_server.put_dir(root, "ds")
     kw = dict(batch_size=32, shuffle=True, seed=5, partitions=4, block_size=64, num_workers=2,
-              worker_mode=worker_mode)
+              worker_mode=worker_mode, row_major="staged")
     probe = DataLoader(str(root), **kw)
     ws = probe._order_plan.working_set
     probe.close()
