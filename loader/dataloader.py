@@ -244,7 +244,11 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
                                  "datasets only; pass batch_size >= 1 for a stoker dataset.")
             self._collate = self.collate_fn = collate_fn
 
+            plans: list[OrderPlan] = []
+
             def reader(manifest: Manifest) -> tuple[ArrowSource, Any]:
+                plans.append(self._plan_order(manifest, columns, features, batch_size,
+                                              cache_dir, cache_limit, partitions))
                 return self._reader(manifest, columns, features, cache_dir, cache_limit,
                                     storage_options, partitions)
 
@@ -254,8 +258,12 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
                 self.location = repr(mixture) if isinstance(dataset, Mixture) else \
                     os.fspath(dataset)
                 check_columns(mixture, columns, features, self._categoricals, self._image)
-                return MixtureSource(mixture, reader, pin=self._pin_source,
-                                     ring_depth=max(8, self.num_workers * self._prefetch + 3))
+                source = MixtureSource(mixture, reader, pin=self._pin_source,
+                                       ring_depth=max(8, self.num_workers * self._prefetch + 3))
+                # one order for every source: the options of the source (or shared reader)
+                # with the fewest partitions fit every source's working set
+                self._order_plan = min(plans, key=lambda p: p.options.partitions)
+                return source
             manifest = dataset if isinstance(dataset, Manifest) else \
                 Manifest.load(os.fspath(dataset), storage_options)
             self.location = redact_url(manifest.root or "")

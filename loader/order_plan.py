@@ -180,7 +180,7 @@ def _plan_index(manifest: Manifest, shuffle: bool, partitions: int | None, block
 
     if partitions is None:
         partitions = 1 if not shuffle else next(
-            (P for P in PARTITION_LADDER if P <= max(1, batch_size)
+            (P for P in PARTITION_LADDER if P <= max(24, int(rows.sum()) // block)
              and ws_of(P, 1).shard_bytes + ws_of(P, 1).staging_bytes <= STAGING_LIMIT), 1)
     options = OrderOptions(shuffle=shuffle, partitions=partitions, block_size=block,
                            partition_mode=partition_mode).resolve(rows)

@@ -115,12 +115,16 @@ def default_partitions(shard_rows: np.ndarray, shard_bytes: np.ndarray, batch_si
                        stride: int, cache_limit: int | None = None,
                        block_size: int = DEFAULT_BLOCK,
                        staging_limit: int = STAGING_LIMIT, readers: int = 1) -> int:
-    """The default partition count: the largest of :data:`PARTITION_LADDER` that is at most
-    the per-rank batch size (so every global batch draws from every partition) and whose
-    working set at world size 1 (the worst case: every other W needs less per rank) fits the
-    staging limit and, for a cached dataset, ``cache_limit``. 1 when nothing else fits."""
+    """The default partition count: the largest of :data:`PARTITION_LADDER` whose working
+    set at world size 1 (the worst case: every other W needs less per rank) fits the staging
+    limit and, for a cached dataset, ``cache_limit``; 1 when nothing else fits. At most
+    ``max(24, N // block_size)``: partitions shorter than a block would leave samples of one
+    shard next to each other (a small dataset gets 24: one block each, shuffled whole, and
+    world sizes 1, 2, 3, 4, 6, 8, 12, 24). Independent of the world size and of the batch
+    size (either may change on an elastic resume while the global batch stays the same)."""
+    cap = max(24, int(np.sum(shard_rows)) // max(1, block_size))
     for P in PARTITION_LADDER:
-        if P > max(1, batch_size):
+        if P > cap:
             continue
         opts = OrderOptions(partitions=P, block_size=block_size)
         ws = working_set(shard_rows, shard_bytes, opts, 1, stride, readers=readers)

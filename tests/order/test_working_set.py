@@ -61,7 +61,7 @@ def test_default_partitions_fit_their_budgets(rows, batch, stride, cache_limit) 
     rows = np.array(rows, dtype=np.int64)
     sizes = rows * 300
     P = default_partitions(rows, sizes, batch, stride, cache_limit, staging_limit=1 << 28)
-    assert P in PARTITION_LADDER and P <= max(1, batch)
+    assert P in PARTITION_LADDER and P <= max(24, int(rows.sum()) // 1024)
     ws = working_set(rows, sizes, OrderOptions(partitions=P, block_size=1024), 1, stride)
     if P > 1:
         assert ws.staging_bytes <= 1 << 28
