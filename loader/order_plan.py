@@ -115,7 +115,7 @@ def plan_order(manifest: Manifest, *, shuffle: bool, partitions: int | None, blo
                            batch_size, world_size, stride, memory)
     block = block_size or DEFAULT_BLOCK
     if partitions is None:
-        partitions = default_partitions(rows, sizes, batch_size, stride, cache_limit, block,
+        partitions = default_partitions(rows, sizes, stride, cache_limit, block,
                                         readers=readers) if shuffle else 1
     if not block_size:  # the default block shrinks (by halves) until the working set fits
         while block > 1 and not _fit(working_set(

@@ -48,14 +48,14 @@ class DiskSampler:
 @pytest.mark.remote
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_three_shard_budget_under_eight_readers(fault_server, after_trial, tmp_path: Path) -> None:
-    figures = Figures("10 cache_limit = 3 shards, 8 reader threads, 3+ epochs")
+def test_four_shard_budget_under_eight_readers(fault_server, after_trial, tmp_path: Path) -> None:
+    figures = Figures("10 cache_limit = 4 shards, 8 reader threads, 3+ epochs")
     figures.start()
     root = tmp_path / "ds"
     manifest = make_dataset(root, [60, 64, 68, 72, 76, 80], payload=256)
     fault_server.put_dir(root)
     largest = int(manifest.shard_bytes.max())
-    limit = 3 * largest
+    limit = 4 * largest  # the smallest a shuffled order accepts: 2 shards live + 2 fetched ahead
     # the default block size shrinks until the order's working set fits the limit (issue 12):
     # the local reference reads with the same block size
     block = DataLoader(str(root), batch_size=8, shuffle=True, seed=10, partitions=1,

@@ -50,7 +50,7 @@ def test_the_bound_is_tight_enough_to_matter() -> None:
     # 1000 shards of 10,000 rows, P=24, K=1024: two partial shards per partition and round
     rows = np.full(1000, 10_000)
     ws = working_set(rows, rows * 400, OrderOptions(partitions=24, block_size=1024), 1, 400)
-    assert ws.shards == 24 * 2 and ws.shard_bytes == (24 * 2 + 1) * 10_000 * 400
+    assert ws.shards == 24 * 2 and ws.shard_bytes == (24 * 2 + 2) * 10_000 * 400
     assert ws.staged_rows == STAGED_ROUNDS * 24 * 1024
 
 
@@ -60,7 +60,7 @@ def test_the_bound_is_tight_enough_to_matter() -> None:
 def test_default_partitions_fit_their_budgets(rows, batch, stride, cache_limit) -> None:  # type: ignore[no-untyped-def]
     rows = np.array(rows, dtype=np.int64)
     sizes = rows * 300
-    P = default_partitions(rows, sizes, batch, stride, cache_limit, staging_limit=1 << 28)
+    P = default_partitions(rows, sizes, stride, cache_limit, staging_limit=1 << 28)
     assert P in PARTITION_LADDER and P <= max(24, int(rows.sum()) // 1024)
     ws = working_set(rows, sizes, OrderOptions(partitions=P, block_size=1024), 1, stride)
     if P > 1:
