@@ -9,7 +9,6 @@ that cannot fit never starts, so it never thrashes or stalls (issue 12).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -20,7 +19,7 @@ import pyarrow.parquet as pq
 from stoker.loader.fastpath import FastPlan
 from stoker.loader.images import ImageOptions
 from stoker.loader.order import OrderError, OrderOptions
-from stoker.loader.rowmajor import _list_width
+from stoker.loader.rowmajor import _list_width, _physical_memory
 from stoker.loader.working_set import (DEFAULT_BLOCK, PARTITION_LADDER, STAGING_LIMIT,
                                        WorkingSet, default_partitions, working_set)
 from stoker.manifest import Manifest
@@ -40,13 +39,6 @@ class OrderPlan:
     options: OrderOptions
     working_set: WorkingSet
     stride: int
-
-
-def _physical_memory() -> int:
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return 1 << 40
 
 
 def record_stride(manifest: Manifest, columns: Sequence[str] | None,
@@ -109,7 +101,7 @@ def plan_order(manifest: Manifest, *, shuffle: bool, partitions: int | None, blo
             memory, or ``memory``) or ``cache_limit``; names the figures and options that fit.
     """
     rows, sizes = manifest.shard_rows, manifest.shard_bytes
-    memory = _physical_memory() // 4 if memory is None else memory
+    memory = (_physical_memory() or 1 << 40) // 4 if memory is None else memory
     if getattr(manifest, "kind", "arrow") == "parquet-index":
         return _plan_index(manifest, shuffle, partitions, block_size, partition_mode,
                            batch_size, world_size, stride, memory)
