@@ -23,6 +23,7 @@ import torch
 
 from stoker.loader.convert import stack_features, table_to_batch
 from stoker.loader.errors import WorkerError
+from stoker.loader import kernels, kernels_np
 from stoker.loader.fallbacks import note
 from stoker.loader.fastpath import FastPlan, NotZeroCopy, ShardData
 from stoker.loader.images import ImageOptions, decode_into
@@ -142,8 +143,9 @@ class ArrowSource:
             if self._plan is not None else None
         self._stager: Stager | None = None
         self._records_mode = self._rm.mode if self._rm is not None else 0  # bytes; -1: any
-        if self._plan is not None:
-            warmup.start(self._plan, schema, bool(self._rm and self._rm.mode))
+        self._warm = (warmup.start(self._plan, schema, bool(self._rm and self._rm.mode)),
+                      self._plan, schema, bool(self._rm and self._rm.mode)) \
+            if self._plan is not None else None
 
     def stage(self, options: OrderOptions, rank: int, world_size: int) -> bool:
         """Read shuffled batches through staging rounds (:mod:`stoker.loader.staging`) for
@@ -388,8 +390,10 @@ class ArrowSource:
         if self._plan is not None and len(ids):
             slot = self._ring.acquire()
             try:
-                try:
-                    filled, groups, rest = self._gather_records(ids, slot, epoch, seed)
+                twins = not warmup.ready(*self._warm)  # the kernels are still compiling:
+                try:  # their NumPy twins write the same bytes now, from the same shards
+                    filled, groups, rest = self._gather_twins(ids, slot) if twins \
+                        else self._gather_records(ids, slot, epoch, seed)
                 except NotZeroCopy as exc:  # a named fallback: counted, logged, in the ledger
                     note("not_zero_copy", f"{exc} (batch of samples {_shown(ids)})")
                 except WorkerError as exc:  # a shard that cannot be opened: add the batch
@@ -400,12 +404,24 @@ class ArrowSource:
                     raise WorkerError(f"reading the batch of samples {_shown(ids)} failed: "
                                       f"{type(exc).__name__}: {exc}") from exc
                 else:
-                    return self._plan.run(groups, len(ids), slot,
-                                          lambda cols: table_to_batch(self.take(ids, cols)),
-                                          (ids, self.fingerprint, seed, epoch), filled, rest)
+                    batch = self._plan.run(groups, len(ids), slot,
+                                           lambda cols: table_to_batch(self.take(ids, cols)),
+                                           (ids, self.fingerprint, seed, epoch), filled, rest,
+                                           kernels_np if twins else kernels)
+                    if twins:  # the warm-ups held back for the first batch compile now
+                        warmup.served()
+                    return batch
             finally:
                 self._ring.release(slot)
         return self._fetch_arrow(ids, epoch, seed)
+
+    def _gather_twins(self, ids: np.ndarray, slot: Any) -> tuple[dict[str, np.ndarray],
+                                                                  list[Any], list[Any]]:
+        """:meth:`_gather_records` while the kernels compile: every output from the columns
+        (records are read by a kernel), counted as a ``"compiling"`` fallback."""
+        assert self._plan is not None  # noqa: S101
+        note("compiling", f"batch of samples {_shown(ids)}")
+        return {}, self._plan.groups(ids, self._starts, self._data_of), []
 
     def _gather_records(self, ids: np.ndarray, slot: Any, epoch: int = 0,
                         seed: int = 0) -> tuple[dict[str, np.ndarray], list[Any], list[Any]]:

@@ -223,6 +223,7 @@ class EpochIterator(EpochPass):
         step, ids, out = taken
         if out.fallbacks:
             loader._fallbacks.add(out.fallbacks, self._ledger, self._epoch, step)
+        loader.stats.path("compiling" in out.fallbacks)
         batch = loader._transfer(out.batch)
         waited = time.perf_counter() - t0
         if not isinstance(ids, np.ndarray):  # a sampler's own item (batch_size=None)

@@ -30,6 +30,10 @@ REASONS = {
                         "batches use the column kernels",
     "index_unstaged": "a list column of indexed Parquet has another width in some row group: "
                       "those batches are read with pyarrow instead of from staged records",
+    "compiling": "the Numba kernels were still being compiled (a fresh node) or loaded (a "
+                 "fresh process): the batch was read with pyarrow, the same bytes the kernels "
+                 "write; batches switch to the kernels once they are ready (counted in "
+                 "loader.stats.kernel_switches)",
     "warmup_skipped": "the kernels could not be compiled ahead of the first batch: the first "
                       "batch compiles them (and raises if they cannot be)",
 }
@@ -99,6 +103,7 @@ class FallbackAccount:
                              why=REASONS[reason])
             if reason not in self._logged:
                 self._logged.add(reason)
-                logger.warning("fallback %s (first at epoch %d step %d: %s): %s; counted in "
+                # a cold start is expected once per node, not a problem to warn about
+                (logger.info if reason == "compiling" else logger.warning)("fallback %s (first at epoch %d step %d: %s): %s; counted in "
                                "loader.stats.fallbacks", reason, epoch, step, detail,
                                REASONS[reason])

@@ -275,14 +275,16 @@ class FastPlan:
             arrow: Callable[[list[str]], dict[str, Any]],
             augment: tuple[np.ndarray, str, int, int] | None = None,
             filled: dict[str, np.ndarray] | None = None,
-            rest: Sequence[_Group] = ()) -> dict[str, Any]:
+            rest: Sequence[_Group] = (), kernels: Any = k) -> dict[str, Any]:
         """Fill every output for one batch of ``n`` rows into ``slot``; ``arrow(columns)``
         converts the columns the kernels do not handle; ``augment`` is (ids, fingerprint,
         seed, epoch), all that image augmentation depends on.
 
         ``filled`` are outputs already written from row-major records
         (:mod:`stoker.loader.rowmajor`) for every row but those of ``rest``, which the column
-        kernels write here; ``groups`` (all rows) serve the other outputs.
+        kernels write here; ``groups`` (all rows) serve the other outputs. ``kernels``:
+        :mod:`stoker.loader.kernels`, or their NumPy twins (:mod:`stoker.loader.kernels_np`)
+        while the kernels compile.
         """
         batch: dict[str, Any] = {}
         filled = filled or {}
@@ -291,59 +293,63 @@ class FastPlan:
             if out.name in filled:
                 arr = filled[out.name]
                 for data, chunk, row, dest in rest:
-                    k.gather_fixed(data.views, data.matrix_meta(out.columns), chunk, row, dest,
+                    kernels.gather_fixed(data.views, data.matrix_meta(out.columns), chunk, row, dest,
                                    arr)
                 batch[out.name] = torch.from_numpy(arr.reshape(n) if out.kind == "fixed" else arr)
             elif out.kind in ("matrix", "fixed"):
                 arr = slot.array(out.name, (n, len(out.columns)), out.dtype)
                 for data, chunk, row, dest in groups:
-                    k.gather_fixed(data.views, data.matrix_meta(out.columns), chunk, row, dest, arr)
+                    kernels.gather_fixed(data.views, data.matrix_meta(out.columns), chunk, row,
+                                         dest, arr)
                 batch[out.name] = torch.from_numpy(arr.reshape(n) if out.kind == "fixed" else arr)
             elif out.kind == "list":
-                self._list(out, groups, n, slot, batch)
+                self._list(out, groups, n, slot, batch, kernels)
             elif out.kind == "image":
-                batch[out.name] = self._image(out, groups, n, slot, augment)
+                batch[out.name] = self._image(out, groups, n, slot, augment, kernels)
             elif out.kind in ("binary", "string"):
-                batch[out.name] = self._binary(out, groups, n, slot)
+                batch[out.name] = self._binary(out, groups, n, slot, kernels)
             else:
                 batch[out.name] = fallback[out.name]
                 if f"{out.name}_lengths" in fallback:
                     batch[f"{out.name}_lengths"] = fallback[f"{out.name}_lengths"]
         return batch
 
-    def _lengths(self, out: Output, groups: list[_Group], n: int, slot: Slot) -> np.ndarray:
+    def _lengths(self, out: Output, groups: list[_Group], n: int, slot: Slot,
+                 kernels: Any = k) -> np.ndarray:
         lengths = slot.array(out.name + "\0len", (n,), np.int64)
         for data, chunk, row, dest in groups:
-            k.var_lengths(data.views, data.meta[out.name], chunk, row, dest, lengths)
+            kernels.var_lengths(data.views, data.meta[out.name], chunk, row, dest, lengths)
         return lengths
 
     def _list(self, out: Output, groups: list[_Group], n: int, slot: Slot,
-              batch: dict[str, Any]) -> None:
-        lengths = self._lengths(out, groups, n, slot)
+              batch: dict[str, Any], kernels: Any = k) -> None:
+        lengths = self._lengths(out, groups, n, slot, kernels)
         np.maximum(lengths, 0, out=lengths)  # null list -> empty, as in the pyarrow path
         width = int(lengths.max()) if n else 0
         arr = slot.array(out.name, (n, width), out.dtype)
         for data, chunk, row, dest in groups:
-            k.gather_list(data.views, data.meta[out.name], chunk, row, dest, arr)
+            kernels.gather_list(data.views, data.meta[out.name], chunk, row, dest, arr)
         batch[out.name] = torch.from_numpy(arr)
         if n and not (lengths == width).all():
             batch[f"{out.name}_lengths"] = torch.from_numpy(lengths)
 
     def _image(self, out: Output, groups: list[_Group], n: int, slot: Slot,
-               augment: tuple[np.ndarray, str, int, int] | None) -> torch.Tensor:
+               augment: tuple[np.ndarray, str, int, int] | None,
+               kernels: Any = k) -> torch.Tensor:
         opts = self.image
         assert opts is not None  # noqa: S101 - kind "image" exists only with options
         ids, fingerprint, seed, epoch = augment if augment is not None else \
             (np.zeros(n, np.int64), "", 0, 0)
-        lengths = self._lengths(out, groups, n, slot)
-        offsets, data = self.gather_bytes(out.name, groups, lengths, slot)
+        lengths = self._lengths(out, groups, n, slot, kernels)
+        offsets, data = self.gather_bytes(out.name, groups, lengths, slot, kernels)
         arr = slot.array(out.name, (n, *opts.size, 3), opts.dtype)
         decode_into(opts, offsets, data, ids, arr, fingerprint, seed, epoch)
         return torch.from_numpy(arr)
 
-    def _binary(self, out: Output, groups: list[_Group], n: int, slot: Slot) -> list[Any]:
-        lengths = self._lengths(out, groups, n, slot)
-        offsets, data_bytes = self.gather_bytes(out.name, groups, lengths, slot)
+    def _binary(self, out: Output, groups: list[_Group], n: int, slot: Slot,
+                kernels: Any = k) -> list[Any]:
+        lengths = self._lengths(out, groups, n, slot, kernels)
+        offsets, data_bytes = self.gather_bytes(out.name, groups, lengths, slot, kernels)
         raw = data_bytes.tobytes()
         values: list[Any] = [raw[offsets[i]:offsets[i + 1]] for i in range(n)]
         if out.kind == "string":
@@ -354,7 +360,7 @@ class FastPlan:
 
     @staticmethod
     def gather_bytes(name: str, groups: list[_Group], lengths: np.ndarray,
-                     slot: Slot) -> tuple[np.ndarray, np.ndarray]:
+                     slot: Slot, kernels: Any = k) -> tuple[np.ndarray, np.ndarray]:
         """Offsets (int64 ``[n + 1]``) and bytes of a binary column, gathered in batch order."""
         n = len(lengths)
         offsets = slot.array(name + "\0off", (n + 1,), np.int64)
@@ -362,7 +368,7 @@ class FastPlan:
         np.cumsum(np.maximum(lengths, 0), out=offsets[1:])
         data = slot.array(name + "\0bytes", (int(offsets[n]),), np.uint8)
         for shard, chunk, row, dest in groups:
-            k.gather_binary(shard.views, shard.meta[name], chunk, row, dest, offsets, data)
+            kernels.gather_binary(shard.views, shard.meta[name], chunk, row, dest, offsets, data)
         return offsets, data
 
 

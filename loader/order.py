@@ -283,7 +283,7 @@ class EpochOrder:
             return np.arange(start, stop, step, dtype=np.int64)
         if stop <= start:
             return np.empty(0, dtype=np.int64)
-        if warmup.first_call("order") and not _k.order_range.signatures:  # a fresh process
+        if not _k.order_range.signatures and warmup.warming():  # a fresh process or node
             return _k.order_at_np(np.arange(start, stop, step, dtype=np.int64),
                                   *self._kernel_args())
         return _k.order_range(np.int64(start), np.int64(stop), np.int64(step),

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import pyarrow as pa
 
-from stoker.loader import rowmajor
+from stoker.loader import rowmajor, warmup
 from stoker.loader.fallbacks import note
 from stoker.loader.record_store import RecordStore
 from stoker.loader.record_table import RecordTable
@@ -94,7 +94,8 @@ class ShardRecords:
         if self.mode < 0 or (store is not None and name is not None and store.exists(name)):
             self._get(index, data, misfits, name)
         else:
-            self._pools()[0].submit(self._get, index, data, misfits, name)
+            self._pools()[0].submit(warmup.after_first_batch, self._get, index, data, misfits,
+                                    name)
 
     def dropped(self, index: int) -> None:
         """Shard ``index`` closed (call under the source's lock): release its records."""

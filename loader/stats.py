@@ -15,7 +15,9 @@ class LoaderStats:
 
     ``wait_s`` is time spent inside ``next()`` waiting for a batch; the data-stall share is
     that time over the wall time since the first batch was requested. ``fallbacks`` counts
-    the batches (or shards) that took each named slower path (stoker.loader.fallbacks).
+    the batches (or shards) that took each named slower path (stoker.loader.fallbacks);
+    ``kernel_switches`` how often delivery went from batches read while the kernels were
+    compiling (``fallbacks["compiling"]``) to batches from the kernels.
     """
 
     batches: int = 0
@@ -24,6 +26,8 @@ class LoaderStats:
     first_batch_s: float | None = None
     started: float | None = None
     fallbacks: dict[str, int] = field(default_factory=dict)
+    kernel_switches: int = 0
+    _compiling: bool = field(default=False, repr=False)
     _last: float | None = field(default=None, repr=False)
 
     def begin(self) -> None:
@@ -42,6 +46,14 @@ class LoaderStats:
         self.wait_s += waited
         return between
 
+    def path(self, compiling: bool) -> None:
+        """Note which path served the batch just delivered: ``compiling`` (the pyarrow path
+        while the kernels compile, stoker.loader.warmup) or the kernels; a batch from the
+        kernels after one from the pyarrow path counts one switch."""
+        if self._compiling and not compiling:
+            self.kernel_switches += 1
+        self._compiling = compiling
+
     def as_dict(self) -> dict[str, Any]:
         elapsed = 0.0 if self.started is None else time.perf_counter() - self.started
         return {
@@ -54,4 +66,5 @@ class LoaderStats:
             "samples_per_s": self.samples / elapsed if elapsed > 0 else 0.0,
             "first_batch_s": self.first_batch_s,
             "fallbacks": dict(self.fallbacks),
+            "kernel_switches": self.kernel_switches,
         }

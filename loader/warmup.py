@@ -8,14 +8,26 @@ memory-mapped shard), so the kernels a batch will call are loaded while the user
 model or an optimiser. Start-up work that happens anyway is merely moved earlier; a failure
 only means the first batch loads the kernels itself (logged at debug level).
 
-Fork safety: a child forked while the thread holds Numba's compiler lock would deadlock on
-its first kernel call, so an at-fork hook waits for the warm-up before any ``fork``.
+On a node whose Numba cache is empty, compiling the kernels takes 25-60 s of one core
+(bench/coldstart_bench.py ``--profile``). Batches do not wait for it: until the warm-up of
+their plan has finished (:func:`ready`), :class:`~stoker.loader.arrow_source.ArrowSource`
+reads them through its pyarrow path, which gives byte for byte the batches the kernels give
+(tests/fastpath/test_cold_start.py), and counts each as a ``"compiling"`` fallback; the
+first batch after the warm-up uses the kernels (``loader.stats["kernel_switches"]``).
+``STOKER_COLD_START=wait`` restores the old behaviour (the first batch compiles the kernels
+itself): the test suite uses it, so which path served a batch never depends on timing there.
+
+Fork safety: a child forked while a thread holds Numba's compiler lock would deadlock on its
+first kernel call, so an at-fork hook holds that lock across ``fork`` (waiting for the kernel
+being compiled, not for the whole warm-up); a child whose parent was still warming up starts
+its own warm-up at its first batch (kernels the parent already compiled load from the cache).
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -27,12 +39,14 @@ from stoker.loader.fallbacks import note
 if TYPE_CHECKING:
     from stoker.loader.fastpath import FastPlan
 
-__all__ = ["first_call", "prime", "start", "wait"]
+__all__ = ["after_first_batch", "first_call", "plan_key", "prime", "ready", "served", "start", "wait",
+           "warming"]
 
 
 _lock = threading.Lock()
 _threads: list[threading.Thread] = []
-_done: set[tuple[str, ...]] = set()  # plans already warmed in this process
+_done: set[tuple[str, ...]] = set()  # plans whose warm-up started in this process
+_finished: set[tuple[str, ...]] = set()  # ... and has finished (kernels compiled or loaded)
 _first: set[str] = set()  # see first_call
 
 
@@ -45,8 +59,38 @@ def wait() -> None:
             t.join()
 
 
+def _compiler_lock() -> Any:
+    """Numba's global compiler lock, or ``None`` while Numba is not imported."""
+    module = sys.modules.get("numba.core.compiler_lock")
+    return getattr(module, "global_compiler_lock", None)
+
+
+_held_for_fork: list[Any] = []
+
+
+def _before_fork() -> None:
+    lock = _compiler_lock()
+    if lock is not None:
+        lock.acquire()  # a compile in progress finishes first; no new one starts
+        _held_for_fork.append(lock)
+
+
+def _after_fork_in_parent() -> None:
+    while _held_for_fork:
+        _held_for_fork.pop().release()
+
+
+def _after_fork_in_child() -> None:
+    _after_fork_in_parent()
+    # the warm-up threads did not survive the fork: unfinished plans start again (lazily,
+    # at the child's first batch, see ready)
+    _threads.clear()
+    _done.intersection_update(_finished)
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=wait)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)
 atexit.register(wait)  # a thread stopped inside Numba at interpreter exit can crash it
 
 
@@ -112,12 +156,63 @@ def _run(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
         note("warmup_skipped", f"kernels: {type(exc).__name__}: {exc}")
 
 
-def start(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
-    """Warm ``plan``'s kernels in a daemon thread (once per plan shape and process)."""
-    if plan.image is not None:  # decoding needs real images; not worth a fake one
+def plan_key(plan: FastPlan, row_major: bool) -> tuple[str, ...]:
+    """What a plan's warm-up depends on (one warm-up per key and process)."""
+    return (*plan.kernel_columns, *(f"{o.name}:{o.kind}" for o in plan.outputs), str(row_major),
+            repr(plan.image))
+
+
+def start(plan: FastPlan, schema: pa.Schema, row_major: bool) -> tuple[str, ...]:
+    """Warm ``plan``'s kernels in a daemon thread (once per plan shape and process); returns
+    the plan's key (see :func:`ready`)."""
+    key = plan_key(plan, row_major)
+    _spawn(key, _run_plan, (plan, schema, row_major))
+    return key
+
+
+def ready(key: tuple[str, ...], plan: FastPlan, schema: pa.Schema, row_major: bool) -> bool:
+    """Whether a batch of plan ``key`` may use the kernels now: the plan's warm-up has
+    finished in this process (started here if it was not), or ``STOKER_COLD_START=wait``
+    (batches then compile what they need themselves)."""
+    if key in _finished:
+        return True
+    if os.environ.get("STOKER_COLD_START", "fallback") == "wait":
+        return True
+    if key not in _done:  # a forked or unpickled worker: its own warm-up
+        start(plan, schema, row_major)
+    return key in _finished
+
+
+def _run_plan(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
+    """The warm-up of an image plan: the image options' own kernels, then every other kernel
+    the plan calls (the image column's bytes are gathered as a binary column would be)."""
+    if plan.image is None:
+        _run(plan, schema, row_major)
         return
-    key = (*plan.kernel_columns, *(o.name for o in plan.outputs), str(row_major))
-    _spawn(key, _run, (plan, schema, row_major))
+    try:
+        _images(plan.image)
+    except _expected() as exc:  # only a head start
+        note("warmup_skipped", f"images: {type(exc).__name__}: {exc}")
+    from stoker.loader.fastpath import FastPlan as Plan
+
+    grouped = {o.name: list(o.columns) for o in plan.outputs if o.kind == "matrix"}
+    _run(Plan(schema, [c for o in plan.outputs for c in o.columns], grouped.get("features", []),
+              grouped.get("categoricals", [])), schema, row_major)
+
+
+def _images(options: Any) -> None:
+    """Compile the augmentation kernels with the argument types ``decode_into`` passes."""
+    if options.identity:
+        return
+    from stoker.loader.images import _unit, crop_box, resample
+
+    key, sample = np.uint64(1), np.int64(0)
+    box = crop_box(key, sample, 2, 2, 0.5, 1.0, 0.75, 1.25) if options.crop is not None \
+        else (0, 0, 2, 2)
+    _unit(key, sample, 99)
+    out = np.zeros((1, *options.size, 3), dtype=options.dtype)
+    resample(np.zeros((2, 2, 3), np.uint8), *box, False, 1.0, np.zeros(3), np.ones(3),
+             options.output != "float32", out[0])
 
 
 def _order() -> None:
@@ -154,6 +249,14 @@ def first_call(name: str) -> bool:
         return any(t.is_alive() for t in _threads)
 
 
+def warming() -> bool:
+    """Whether a warm-up thread is still compiling or loading kernels in this process (and
+    ``STOKER_COLD_START`` is not ``wait``): NumPy twins may serve the order meanwhile."""
+    if os.environ.get("STOKER_COLD_START", "fallback") == "wait":
+        return False
+    return any(t.is_alive() for t in _threads)
+
+
 def prime() -> None:
     """Start Numba's one-time runtime initialisation (~0.2 s of imports and type registries,
     the bulk of a fresh process's first batch) and load the order's kernels, in a daemon
@@ -167,6 +270,36 @@ def _spawn(key: tuple[str, ...], target: Callable[..., None], args: tuple[Any, .
         if key in _done:
             return
         _done.add(key)
-        thread = threading.Thread(target=target, args=args, name="stoker-warmup", daemon=True)
+        thread = threading.Thread(target=_finishing, args=(key, target, args),
+                                  name="stoker-warmup", daemon=True)
         _threads[:] = [t for t in _threads if t.is_alive()] + [thread]
     thread.start()
+
+
+_served = threading.Event()  # a first batch was delivered in this process (see served)
+_HOLD_S = 1.0  # longest a warm-up waits for that first batch before it compiles anyway
+
+
+def served() -> None:
+    """A batch was read: warm-ups waiting for the first batch start compiling now. Numba's
+    compiler is Python code holding the GIL; the first batch, read meanwhile through the
+    NumPy twins, measured 0.3-0.5 s slower against it (bench/coldstart_bench.py)."""
+    if not _served.is_set():
+        _served.set()
+
+
+def after_first_batch(fn: Callable[..., None], *args: Any) -> None:
+    """``fn(*args)`` once a first batch was delivered (or :data:`_HOLD_S` passed): for
+    background work that compiles kernels (building row-major records)."""
+    _served.wait(_HOLD_S)
+    fn(*args)
+
+
+def _finishing(key: tuple[str, ...], target: Callable[..., None], args: tuple[Any, ...]) -> None:
+    """Run a warm-up; its plan is *finished* however it ended (after a failure, batches use
+    the kernels and compile or raise there, as without a warm-up)."""
+    try:
+        _served.wait(_HOLD_S)
+        target(*args)
+    finally:
+        _finished.add(key)
