@@ -190,10 +190,38 @@ def build_table(imports: list[dict[str, Any]], runs: dict[str, list[dict[str, An
     return "\n".join(lines)
 
 
+NOTES = """Where a fresh node's time went before (`.venv/bin/python bench/coldstart_bench.py
+--profile 50`, one process, empty Numba cache, same machine): the first W1 batch waited
+63 s for 99 compiles (61.5 s exclusive of one core): `_list_typed` 22 specialisations
+(16.7 s), `_column` 20 (14.2 s), `_copy_column` 20 (6.7 s), `gather_list` 2 (4.8 s),
+`_dispatch`, `copy_ranges`, `gather_fixed`, `copy_fixed` 2 each (2-3.4 s each), the order's
+kernels ~1.3 s. Each type-switching kernel compiles one callee per Arrow physical type (10-11)
+for each output dtype and array layout it meets, whether the data has that type or not.
+
+What stoker does now (stoker.loader.warmup, stoker.loader.kernels_np): the plan's kernels
+compile in a background thread, and until they are ready every batch is read by their NumPy
+twins, from the same memory-mapped shards and column metadata, byte for byte the same
+batches (tests/fastpath/test_cold_start.py: every column type, extreme casts, every option
+combination, a switch in the middle of an epoch); the switch happens at a batch boundary and
+is counted (`loader.stats.fallbacks["compiling"]`, `loader.stats.kernel_switches`). The order
+uses its NumPy twin meanwhile. The warm-up and record building hold off until the first
+batch is delivered (at most 1 s): Numba's compiler is Python holding the GIL, and the first
+batch measured 0.56-0.68 s against it, 0.17-0.22 s without. Chosen over fewer
+specialisations (at best ~2x less compile, still tens of seconds), ahead-of-time compilation
+(numba.pycc is deprecated and per-platform) and a cache built at install time (an editable or
+wheel install runs no build step here, and a cache is per CPU and Numba version). Costs: the
+twins read ~35-40 k W1 rows/s while the compile runs (a cold node's first epoch is slower
+than a warm one's until the switch, ~1 min of one core), a process exiting before the compile
+finishes waits for it at exit (the cache is then complete), and process workers forked
+before it finishes compile in each child again (kernels the parent finished load from the
+cache).
+"""
+
+
 def write_results(text: str, header: str) -> None:
     path = HERE / "RESULTS.md"
     body = path.read_text() if path.exists() else "# Benchmark results\n"
-    section = f"## Cold start\n\n{header}\n\n{text}\n"
+    section = f"## Cold start\n\n{header}\n\n{text}\n\n{NOTES}"
     start = body.find("## Cold start\n")
     if start < 0:
         body = body.rstrip("\n") + "\n\n" + section
@@ -248,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                                      args.rows, args.images))
     load = os.getloadavg()
     header = (f"`.venv/bin/python bench/coldstart_bench.py --rows {args.rows} --images "
-              f"{args.images} --repeats {args.repeats}` — {platform.machine()}, "
+              f"{args.images} --repeats {args.repeats} --workdir {args.workdir}` — {platform.machine()}, "
               f"{os.cpu_count()} shared cores, load average {load[0]:.1f}/{load[1]:.1f} at the "
               f"end (measured under load: other engineers' jobs), Python "
               f"{platform.python_version()}. Medians of {args.repeats} fresh processes, each "
