@@ -204,9 +204,12 @@ twins, from the same memory-mapped shards and column metadata, byte for byte the
 batches (tests/fastpath/test_cold_start.py: every column type, extreme casts, every option
 combination, a switch in the middle of an epoch); the switch happens at a batch boundary and
 is counted (`loader.stats.fallbacks["compiling"]`, `loader.stats.kernel_switches`). The order
-uses its NumPy twin meanwhile. The warm-up and record building hold off until the first
-batch is delivered (at most 1 s): Numba's compiler is Python holding the GIL, and the first
-batch measured 0.56-0.68 s against it, 0.17-0.22 s without. Chosen over fewer
+uses its NumPy twin meanwhile. On such a node the warm-up and record building hold off
+until the first batch is delivered (at most 1 s): Numba's compiler is Python holding the GIL,
+and the first batch measured 0.56-0.68 s against it, 0.17-0.22 s without. A node whose Numba
+cache holds the kernels already loads them at once (~0.3 s, while the caller builds a model)
+and batches use the kernels, as before (W1 `w1/stoker/0` first batch 0.53-0.66 s against
+0.59-0.60 s before the change, same run, under load). Chosen over fewer
 specialisations (at best ~2x less compile, still tens of seconds), ahead-of-time compilation
 (numba.pycc is deprecated and per-platform) and a cache built at install time (an editable or
 wheel install runs no build step here, and a cache is per CPU and Numba version). Costs: the

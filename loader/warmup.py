@@ -172,12 +172,13 @@ def start(plan: FastPlan, schema: pa.Schema, row_major: bool) -> tuple[str, ...]
 
 def ready(key: tuple[str, ...], plan: FastPlan, schema: pa.Schema, row_major: bool) -> bool:
     """Whether a batch of plan ``key`` may use the kernels now: the plan's warm-up has
-    finished in this process (started here if it was not), or ``STOKER_COLD_START=wait``
-    (batches then compile what they need themselves)."""
+    finished in this process (started here if it was not), or the node compiled the kernels
+    before (batches then load them from the cache, as the warm-up does), or
+    ``STOKER_COLD_START=wait`` (batches compile what they need themselves)."""
     if key in _finished:
         return True
-    if os.environ.get("STOKER_COLD_START", "fallback") == "wait":
-        return True
+    if os.environ.get("STOKER_COLD_START", "fallback") == "wait" or _warm_node():
+        return True  # loading cached kernels (~0.3 s) beats the twins racing it for the GIL
     if key not in _done:  # a forked or unpickled worker: its own warm-up
         start(plan, schema, row_major)
     return key in _finished
@@ -288,10 +289,38 @@ def served() -> None:
         _served.set()
 
 
+def _compiled_before() -> bool:
+    """Whether Numba's cache holds stoker's kernels already (this node compiled them before):
+    loading them takes ~0.3 s, best done at once (while the caller builds a model); only
+    compiling them is worth holding back for the first batch. Unknown counts as yes."""
+    try:
+        from stoker.loader import kernels as k
+
+        return os.path.exists(k.gather_fixed._cache._cache_file._index_path)
+    except AttributeError:  # another Numba's cache internals: do not hold anything back
+        return True
+
+
+_warm: list[bool] = []  # _compiled_before(), asked once per process
+
+
+def _warm_node() -> bool:
+    if not _warm:
+        _warm.append(_compiled_before())
+    return _warm[0]
+
+
+def _hold() -> None:
+    """Wait for a first batch (at most :data:`_HOLD_S`) when the kernels must compile."""
+    if not _served.is_set() and not _warm_node():
+        _served.wait(_HOLD_S)
+
+
 def after_first_batch(fn: Callable[..., None], *args: Any) -> None:
-    """``fn(*args)`` once a first batch was delivered (or :data:`_HOLD_S` passed): for
-    background work that compiles kernels (building row-major records)."""
-    _served.wait(_HOLD_S)
+    """``fn(*args)`` once a first batch was delivered (or :data:`_HOLD_S` passed) on a node
+    whose kernels must compile: for background work that compiles kernels (building
+    row-major records)."""
+    _hold()
     fn(*args)
 
 
@@ -299,7 +328,7 @@ def _finishing(key: tuple[str, ...], target: Callable[..., None], args: tuple[An
     """Run a warm-up; its plan is *finished* however it ended (after a failure, batches use
     the kernels and compile or raise there, as without a warm-up)."""
     try:
-        _served.wait(_HOLD_S)
+        _hold()
         target(*args)
     finally:
         _finished.add(key)

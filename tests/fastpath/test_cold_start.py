@@ -195,10 +195,14 @@ def test_ready_waits_for_the_plans_warm_up(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(warmup, "_done", set())
     monkeypatch.setattr(warmup, "start", lambda plan, schema, rm: started.append(("k",)))
     monkeypatch.setenv("STOKER_COLD_START", "fallback")
+    monkeypatch.setattr(warmup, "_warm", [False])  # a node that never compiled the kernels
     assert not warmup.ready(("k",), None, None, False)  # type: ignore[arg-type]
     assert started == [("k",)]
     warmup._finished.add(("k",))
     assert warmup.ready(("k",), None, None, False)  # type: ignore[arg-type]
+    monkeypatch.setattr(warmup, "_warm", [True])  # kernels in the cache: load, not twins
+    assert warmup.ready(("other",), None, None, False)  # type: ignore[arg-type]
+    monkeypatch.setattr(warmup, "_warm", [False])
     monkeypatch.setenv("STOKER_COLD_START", "wait")
     assert warmup.ready(("other",), None, None, False)  # type: ignore[arg-type]
 
