@@ -43,6 +43,7 @@ from stoker.loader.order_plan import OrderPlan, plan_order, record_stride
 from stoker.loader.record_store import default_dir
 from stoker.loader.run_ledger import open_ledger
 from stoker.loader.samplers import OrderBatchSampler, OrderSampler
+from stoker.loader.service_options import service_for
 from stoker.loader.seed import resolve_seed, worker_base_seed
 from stoker.loader.state import LoaderState
 from stoker.loader.stats import LoaderStats
@@ -89,6 +90,9 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
             every later process (``stoker.loader.record_store``; verified, size-bounded);
             default ``$STOKER_ROW_MAJOR_DIR`` (empty: memory only), else
             ``<cache_dir>/row-major``, else ``~/.cache/stoker/row-major``; ``False``: memory.
+        service: server URLs (``["grpc://host:port", ...]``) or a ``Service``: batches come
+            from ``stoker serve`` processes, bitwise equal to this loader's local batches
+            (same state, same ledger); failover and hedging as in stoker.loader.service_client.
 
     ``batch_size`` is per rank, as in torch DDP: the global batch is ``batch_size * world_size``.
     """
@@ -141,6 +145,7 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         cache_options: Mapping[str, Any] | None = None,
         row_major: bool | str = "auto",
         row_major_dir: str | os.PathLike[str] | bool | None = None,
+        service: Sequence[str] | Any = None,
     ) -> None:
         check_worker_args(num_workers, timeout, prefetch_factor, persistent_workers)
         self.num_workers = num_workers
@@ -181,6 +186,7 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         wants_gpu = pin_memory or bool(pin_memory_device) or str(device or "").startswith("cuda")
         self._pin_source = bool(wants_gpu) and torch.cuda.is_available()
         self._source = None
+        self._service = None if service is None else service_for(service, dataset)
         self._order_args = (bool(shuffle), partitions, block_size, partition_mode)
         self._order_plan: OrderPlan | None = None  # stoker datasets: options + working set
         self._source = self._make_source(dataset, columns, features, collate_fn, batch_size,
@@ -292,6 +298,11 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
                 storage_options: Mapping[str, Any] | None,
                 partitions: int | None) -> tuple[ArrowSource, Any]:
         """The reader of one stoker dataset and its shard cache (``None`` when local)."""
+        if self._service is not None:  # batches come from `stoker serve`: no shard is opened
+            from stoker.loader.service_source import ServiceSource
+
+            return ServiceSource(manifest, self._service, columns=columns, features=features,
+                                 categoricals=self._categoricals, image=self._image), None
         opener, max_open, cache = None, 256, None
         plan = self._order_plan  # None for a mixture's sources
         if cache_dir is not None or is_remote(manifest.root):
@@ -395,6 +406,12 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         return self.batch_sampler if self.batch_sampler is not None else self.sampler
 
     def _get_pool(self, targeted: bool = False) -> WorkerPool | None:
+        if self._service is not None and self._mode == "order":
+            if self._pool is None:
+                from stoker.loader.service_pool import ServicePool
+
+                self._pool = ServicePool(self, self._task)
+            return self._pool
         if self.num_workers == 0:
             return None
         if self._pool is None:

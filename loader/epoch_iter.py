@@ -63,15 +63,20 @@ class BatchTask:
         with collecting() as noted:
             batch = self.source.fetch(ids, epoch, seed)
         digests = batch_digests(batch, self.content) if self.content is not None else None
+        return Delivered(self.finish(batch, ids, epoch, seed), digests, noted)
+
+    def finish(self, batch: Any, ids: Any, epoch: int, seed: int) -> Any:
+        """The user's ``collate`` and ``transform`` on a delivered batch (also what the data
+        service's client runs on a batch it received, stoker.loader.service_pool)."""
         if self.collate is None and self.transform is None:
-            return Delivered(batch, digests, noted)
+            return batch
         with user_code(self.seeding) as call:
             call.seed(batch_seed(seed, epoch, ids))
             if self.collate is not None:
                 batch = self.collate(batch)
             if self.transform is not None:
                 batch = self.transform(batch)
-        return Delivered(batch, digests, noted)
+        return batch
 
 
 class EpochPass:
@@ -158,7 +163,7 @@ class EpochIterator(EpochPass):
         self._pool = loader._get_pool()
         self._pending: list[tuple[int, Any]] = []
         self._submitted = 0
-        depth = loader.num_workers * loader._prefetch
+        depth = getattr(self._pool, "depth", 0) or loader.num_workers * loader._prefetch
         self._depth = max(depth, 1)
         loader.stats.begin()
 

@@ -39,6 +39,8 @@ def ledger_header(loader: DataLoader) -> dict[str, Any]:
         header["mixture"] = loader._source.mixture.describe()
     if loader._content is not None:
         header["content"] = loader._content
+    if getattr(loader, "_service", None) is not None:  # batches from `stoker serve`
+        header["service"] = loader._source.describe()
     return header
 
 

@@ -24,6 +24,7 @@ _COMMANDS: tuple[str, ...] = (
     "audit",
     "index",
     "export",
+    "serve",
 )
 
 

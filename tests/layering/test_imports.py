@@ -15,10 +15,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # package folder -> stoker packages its modules must never import (tools sits on top of all)
 FORBIDDEN = {
-    "cache": ("stoker.loader", "stoker.sharder", "stoker.tools"),
-    "loader": ("stoker.sharder", "stoker.tools"),
-    "manifest": ("stoker.cache", "stoker.loader", "stoker.sharder", "stoker.tools"),
-    "sharder": ("stoker.cache", "stoker.loader", "stoker.tools"),
+    "cache": ("stoker.loader", "stoker.sharder", "stoker.tools", "stoker.serve"),
+    "loader": ("stoker.sharder", "stoker.tools", "stoker.serve"),
+    "manifest": ("stoker.cache", "stoker.loader", "stoker.sharder", "stoker.tools",
+                 "stoker.serve"),
+    "serve": ("stoker.sharder", "stoker.tools"),
+    "sharder": ("stoker.cache", "stoker.loader", "stoker.tools", "stoker.serve"),
 }
 
 
