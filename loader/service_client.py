@@ -81,6 +81,8 @@ class ServiceClient:
         self._clients: dict[str, flight.FlightClient] = {}
         self._lock = threading.Lock()
         self._latency: deque[float] = deque(maxlen=512)
+        self._threshold: float | None = None
+        self._fresh = 0  # latencies since the threshold was computed
         self._down: dict[str, tuple[float, float]] = {}  # url -> (until, cool-down)
         self._started: dict[int, tuple[str, float]] = {}  # attempt id -> (url, start)
         self._attempts = ThreadPoolExecutor(max_workers=64, thread_name_prefix="stoker-service")
@@ -101,11 +103,14 @@ class ServiceClient:
         return [u for u in ranked if u not in bad] + [u for u in ranked if u in bad]
 
     def _hedge_after(self) -> float:
-        """Seconds after which a request is hedged (call with the lock held)."""
+        """Seconds after which a request is hedged (call with the lock held); the quantile
+        is recomputed every 16 latencies (a sort per key would cost more than the check)."""
         if len(self._latency) < _MIN_SAMPLES:
             return max(self.service.hedge_min, self.service.timeout / 4)
-        q = float(np.quantile(np.fromiter(self._latency, float), self.service.hedge_quantile))
-        return max(self.service.hedge_min, q)
+        if self._threshold is None or self._fresh >= _MIN_SAMPLES:
+            q = np.quantile(np.fromiter(self._latency, float), self.service.hedge_quantile)
+            self._threshold, self._fresh = max(self.service.hedge_min, float(q)), 0
+        return self._threshold
 
     # -- one key ---------------------------------------------------------------------------
     def fetch(self, key: bytes, dataset: str, affinity: int, expected: Any, what: str) -> Reply:
@@ -210,6 +215,7 @@ class ServiceClient:
                 self._started.pop(token, None)
         with self._lock:
             self._latency.append(time.monotonic() - t0)
+            self._fresh += 1
             self._down.pop(url, None)
         return Reply(batch, facts, url)
 
