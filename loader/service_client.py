@@ -34,7 +34,7 @@ from stoker.loader.service_options import Service
 from stoker.loader.service_wire import decode_batch
 from stoker.manifest import StokerError
 
-__all__ = ["ClientStats", "Reply", "ServiceClient"]
+__all__ = ["ClientStats", "Reply", "ServiceClient", "rendezvous"]
 
 logger = logging.getLogger("stoker.loader")
 
@@ -62,6 +62,16 @@ class ClientStats:
     hedges: int = 0
     hedges_won: int = 0
     mismatches: int = 0
+
+
+def rendezvous(urls: "tuple[str, ...] | list[str]", dataset: str, affinity: int) -> list[str]:
+    """``urls`` ranked for a key by rendezvous hashing of ``(url, dataset, affinity)``, best
+    first: a pure function, so every client ranks alike and removing a server moves only the
+    keys it ranked first."""
+    def score(url: str) -> int:
+        return xxhash.xxh3_64_intdigest(f"{url}|{dataset}|{affinity}".encode())
+
+    return sorted(urls, key=score, reverse=True)
 
 
 class _Refused(StokerError):
@@ -92,10 +102,7 @@ class ServiceClient:
     # -- ranking ---------------------------------------------------------------------------
     def ranking(self, dataset: str, affinity: int) -> list[str]:
         """Servers for a key, best first: healthy ones by rendezvous score, then the rest."""
-        def score(url: str) -> int:
-            return xxhash.xxh3_64_intdigest(f"{url}|{dataset}|{affinity}".encode())
-
-        ranked = sorted(self.service.urls, key=score, reverse=True)
+        ranked = rendezvous(self.service.urls, dataset, affinity)
         now = time.monotonic()
         with self._lock:
             slow = {u for u, t0 in self._started.values() if now - t0 > self._hedge_after()}

@@ -63,10 +63,12 @@ def test_a_stalled_server_is_hedged_around(w1: Path) -> None:
             loader.set_epoch(e)
             for batch in loader:
                 got.append(_copy(batch))
-                if len(got) == 20:
-                    a.pause()  # SIGSTOP: connections stay open, nothing answers
+                if len(got) == 20:  # stall the server that served most so far (HRW by port)
+                    replies = loader._source._client.stats.replies
+                    stalled = max((a, b), key=lambda s: replies.get(s.url, 0))
+                    stalled.pause()  # SIGSTOP: connections stay open, nothing answers
         stats = loader._source._client.stats
-        a.resume()
+        stalled.resume()
         loader.close()
     assert len(got) == len(expected)
     for x, y in zip(expected, got):
