@@ -23,7 +23,7 @@ import numpy as np
 import xxhash
 import zstandard
 
-from stoker.loader.ledger import LedgerWriter
+from stoker.loader.ledger.writer import LedgerWriter
 
 HEADER = {"dataset": "/data/x", "fingerprint": "f" * 32, "seed": 1, "rank": 0, "world_size": 1,
           "global_batch": 256, "num_samples": 10**9}
@@ -101,8 +101,8 @@ def audit_time(tmp: Path, n: int) -> None:
     """Read + replay + coverage of a clean run over a real manifest, per step."""
     import pyarrow as pa
 
-    from stoker.loader.order import EpochOrder, OrderOptions
-    from stoker.loader.schedule import BatchPlan, rank_batch_ids
+    from stoker.loader.order.epoch import EpochOrder, OrderOptions
+    from stoker.loader.order.schedule import BatchPlan, rank_batch_ids
     from stoker.manifest import Manifest, ShardInfo
     from stoker.tools.audit import audit
 

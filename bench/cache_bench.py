@@ -8,7 +8,7 @@ Run: ``.venv/bin/python bench/cache_bench.py [--shards 48 --shard-mb 4 --repeats
    commit), and a warm cache (a new process-level cache object over the filled directory: the
    warm-restart path, sidecars trusted, nothing fetched). Medians over repeats.
 2. Hit rate at ``limit`` = 50 % of the dataset over 3 epochs, each epoch's shard order from
-   ``stoker.loader.order.EpochOrder.shard_sequence`` (a seeded permutation if the loader is not
+   ``stoker.loader.order.epoch.EpochOrder.shard_sequence`` (a seeded permutation if the loader is not
    importable): Belady vs LRU eviction without prefetching (pure policy), and both with
    prefetching. The textbook OPT/LRU miss counts for the same sequence are printed beside them.
 
@@ -65,7 +65,7 @@ def build_dataset(root: Path, shards: int, shard_mb: float) -> Manifest:
 
 def epoch_orders(manifest: Manifest, epochs: int, seed: int) -> tuple[list[list[int]], str]:
     try:
-        from stoker.loader.order import EpochOrder, OrderOptions
+        from stoker.loader.order.epoch import EpochOrder, OrderOptions
 
         out = []
         for e in range(epochs):

@@ -134,7 +134,7 @@ def profile_compiles(data: Path, batches: int) -> dict[str, Any]:
     first = time.perf_counter() - t0
     for _ in range(batches - 1):
         next(it)
-    from stoker.loader import warmup
+    from stoker.loader.jit import warmup
 
     warmup.wait()
     per: dict[str, dict[str, Any]] = {}
@@ -198,7 +198,7 @@ NOTES = """Where a fresh node's time went before (`.venv/bin/python bench/coldst
 kernels ~1.3 s. Each type-switching kernel compiles one callee per Arrow physical type (10-11)
 for each output dtype and array layout it meets, whether the data has that type or not.
 
-What stoker does now (stoker.loader.warmup, stoker.loader.kernels_np): the plan's kernels
+What stoker does now (stoker.loader.jit.warmup, stoker.loader.fastpath.kernels_np): the plan's kernels
 compile in a background thread, and until they are ready every batch is read by their NumPy
 twins, from the same memory-mapped shards and column metadata, byte for byte the same
 batches (tests/fastpath/test_cold_start.py: every column type, extreme casts, every option
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.case:
         print(json.dumps(run_case(args.case, args.workdir)), flush=True)
         # measured: leave now, not after the kernels finish compiling in the background
-        # (stoker.loader.warmup waits for them at exit: a thread stopped inside Numba at
+        # (stoker.loader.jit.warmup waits for them at exit: a thread stopped inside Numba at
         # interpreter exit can crash it; a process ending with os._exit has no such exit)
         os._exit(0)
     import loader_bench as lb

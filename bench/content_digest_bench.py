@@ -72,7 +72,7 @@ def epoch(path: Path, ledger: Path, content: bool, workers: int) -> tuple[float,
 def digest_speed(path: Path) -> tuple[float, float]:
     """(ms per batch, GB/s) of batch_digests alone on W1 batches."""
     from stoker.loader import DataLoader
-    from stoker.loader.content_digest import batch_digests
+    from stoker.loader.ledger.digest import batch_digests
 
     dl = DataLoader(path, batch_size=BATCH, shuffle=True, seed=0, features=FEATURES,
                     categoricals=CATS, columns=["seq", "label"])

@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE))
 
 def main(argv: list[str] | None = None) -> int:
     import loader_bench as lb
-    from stoker.loader.arrow_source import ArrowSource
+    from stoker.loader.read.arrow import ArrowSource
     from stoker.manifest import Manifest
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

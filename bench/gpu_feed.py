@@ -4,7 +4,7 @@
 exits 0. Three measurements, medians of ``--repeats``:
 
 1. H2D copy throughput of one batch-sized buffer (``--mb``), pageable vs pinned memory, and
-   pinned through stoker's ring (``stoker.loader.ring.BufferRing(pin=True)``).
+   pinned through stoker's ring (``stoker.loader.fastpath.ring.BufferRing(pin=True)``).
 2. Copy/compute overlap: a matmul loop on the default stream alone, the copies alone, then
    both, with the copies on a side stream as ``stoker.loader.transfer.Transfer`` issues them.
    ``overlap = (compute + copy - both) / min(compute, copy)`` (1.0 = fully hidden).
@@ -37,7 +37,7 @@ def _median_time(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
 
 
 def h2d(mb: int, repeats: int) -> dict[str, float]:
-    from stoker.loader.ring import BufferRing
+    from stoker.loader.fastpath.ring import BufferRing
 
     n = mb * 2**20
     dst = torch.empty(n, dtype=torch.uint8, device="cuda")

@@ -135,7 +135,7 @@ def _stoker_w1_setup(d: Path, workers: int) -> tuple[Iterator[Any], float]:
 
 def _stoker_w2(d: Path, workers: int) -> Iterator[Any]:
     from stoker.loader import DataLoader
-    from stoker.loader.images import ImageOptions
+    from stoker.loader.fastpath.images import ImageOptions
 
     return iter(DataLoader(d / "stoker", batch_size=W2_BATCH, shuffle=True, seed=0,
                            num_workers=workers, columns=["label"],
@@ -219,7 +219,7 @@ def _ceiling_w2(d: Path) -> Iterator[Any]:
     """One core decoding with the chosen decoder (the table multiplies by the cores used)."""
     import pyarrow.parquet as pq
 
-    from stoker.loader.images import _decode
+    from stoker.loader.fastpath.images import _decode
 
     f = pq.ParquetFile(d / "data.parquet")
     pixels = np.empty((f.metadata.row_group(0).num_rows, SIDE, SIDE, 3), np.uint8)
@@ -284,8 +284,8 @@ def gather_profile(data: Path, batches: int = 300) -> dict[str, dict[str, float]
     the columns (locate, then each output) and from the row-major records (one fused gather),
     and for consecutive ids from the columns (the same work with a sequential memory
     pattern); and the one-off cost of building the records."""
-    from stoker.loader import kernels as k
-    from stoker.loader.arrow_source import ArrowSource
+    from stoker.loader.fastpath import kernels as k
+    from stoker.loader.read.arrow import ArrowSource
     from stoker.manifest import Manifest
 
     manifest = Manifest.load(data / "stoker")
@@ -446,7 +446,7 @@ NOTES = """Reading the table:
 - Every case runs in a fresh process. Timing starts after the libraries all contenders use
   are imported (torch, pyarrow, PIL, stoker.loader), i.e. at the loader's construction, and
   ends with the epoch: *samples/s* includes the time to the first batch.
-- *W1 stoker* rows find W1's row-major records on disk (`stoker.loader.record_store`: written
+- *W1 stoker* rows find W1's row-major records on disk (`stoker.loader.fastpath.record_store`: written
   by any earlier run on the node, verified by xxh3 when mapped); *first run (builds records)*
   rows start each run with an empty records directory: the records are built in memory in a
   background thread while the first batches use the column path, then saved by a niced
@@ -470,7 +470,7 @@ Where W1's time goes (the profile line above): stoker shuffles for real, so a ba
 rows are spread over the whole dataset. Read from the columnar shards, a row costs one cache
 miss (and mostly a TLB miss) per column, 72 random cache lines per row: that path
 (`row_major=False`) cannot exceed ~1.3 M rows/s per core. By default (`row_major="auto"`,
-`stoker.loader.rowmajor`) each open shard's fixed-width outputs are laid out as one 392-byte
+`stoker.loader.fastpath.rowmajor`) each open shard's fixed-width outputs are laid out as one 392-byte
 record per row (features 64 x f32, categoricals 8 x i64, seq 16 x f32 because its lists all
 have one length and no nulls, label i64), and one Numba kernel per batch fills every output
 from any number of shards: it locates each id by binary search over the shard starts, reads

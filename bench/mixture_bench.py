@@ -46,7 +46,7 @@ NAMES = ("a", "b", "c")
 SPLIT = (1, 2, 3)
 NOTES = """\
 - The three sources share one schema and are local, so the mixture reads every batch with one
-  reader over the union of their shards (stoker.loader.mixture_union): the read costs what a
+  reader over the union of their shards (stoker.loader.read.mixture_union): the read costs what a
   single dataset's does. What the mixture adds is in the main thread: the blend (14-24 M
   positions/s for 3 sources) and each source's own pass order over its picks, computed 16 k
   positions at a time. Sources that cannot share a reader (other schemas, remote) are read one
@@ -116,7 +116,7 @@ def prepare(workdir: Path, rows: int, images: int) -> dict[str, Any]:
 
 # -- cases -----------------------------------------------------------------------------------
 def _options(workload: str) -> dict[str, Any]:
-    from stoker.loader.images import ImageOptions
+    from stoker.loader.fastpath.images import ImageOptions
 
     if workload == "w1":
         return dict(batch_size=1024, features=FEATURES, categoricals=CATS,
@@ -152,7 +152,7 @@ def run_pair(sources: list[Path], single: Path, workload: str, workers: int,
 
 
 def blend_figures() -> dict[str, Any]:
-    from stoker.loader.blend import Blend
+    from stoker.loader.order.blend import Blend
 
     rng = random.Random(0)
     out: dict[str, Any] = {}

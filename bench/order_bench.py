@@ -58,7 +58,7 @@ def _first_batch(trace: bool, bare: bool) -> dict[str, Any]:
 
     if bare:
         _stub_package()
-    from stoker.loader.order import EpochOrder, OrderOptions
+    from stoker.loader.order.epoch import EpochOrder, OrderOptions
     t_import = time.perf_counter() - t0
     rss_before = _rss_mb()
     if trace:
@@ -107,7 +107,7 @@ def _throughput(n: int, repeats: int) -> dict[str, tuple[float, float]]:
     """
     import numpy as np
 
-    from stoker.loader.order import EpochOrder, OrderOptions
+    from stoker.loader.order.epoch import EpochOrder, OrderOptions
 
     rows = np.full(SHARDS, ROWS_PER_SHARD, dtype=np.int64)
     order = EpochOrder(rows, "0" * 32, 1234, 0, OrderOptions())

@@ -91,7 +91,7 @@ def _baseline(path: Path) -> Iterator[Any]:
 
 
 def _derived_bytes() -> int:
-    from stoker.loader.record_store import default_dir
+    from stoker.loader.fastpath.record_store import default_dir
 
     root = Path(default_dir(None))
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0

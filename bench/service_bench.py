@@ -41,7 +41,7 @@ WINDOW = 4
 
 
 def loader_kw(kind: str) -> dict[str, Any]:
-    from stoker.loader.images import ImageOptions
+    from stoker.loader.fastpath.images import ImageOptions
 
     if kind == "w1":
         return dict(batch_size=lb.W1_BATCH, shuffle=True, seed=0, features=lb.FEATURES,
@@ -75,8 +75,8 @@ def ceiling_server(dataset: str, kind: str) -> None:
     import pyarrow.flight as flight
 
     from stoker.loader import DataLoader
-    from stoker.loader.service_key import BatchKey
-    from stoker.loader.service_wire import encode_batch
+    from stoker.loader.service.key import BatchKey
+    from stoker.loader.service.wire import encode_batch
     from stoker.serve.catalog import Catalog
 
     probe = DataLoader(dataset, service=["grpc://unused:1"], **loader_kw(kind))
@@ -150,7 +150,7 @@ class _Sized:
 
 def run(kind: str, dataset: str, warm: int, n: int, repeats: int) -> list[dict[str, Any]]:
     from stoker.loader import DataLoader
-    from stoker.loader.service_options import Service
+    from stoker.loader.service.options import Service
 
     serve = [sys.executable, "-m", "stoker.tools", "serve", dataset, "--host", "127.0.0.1"]
     two = (os.cpu_count() or 1) >= 2

@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    from stoker.loader.order import EpochOrder, OrderOptions
+    from stoker.loader.order.epoch import EpochOrder, OrderOptions
 
     n, shards, classes, batch = args.samples, args.shards, args.classes, args.batch
     rows = np.full(shards, n // shards, dtype=np.int64)

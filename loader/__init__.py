@@ -14,11 +14,11 @@ __all__ = ["DataLoader", "ImageOptions", "LoaderError", "LoaderTimeoutError", "M
 
 _WHERE = {
     "DataLoader": "stoker.loader.dataloader",
-    "ImageOptions": "stoker.loader.images",
+    "ImageOptions": "stoker.loader.fastpath.images",
     "LoaderError": "stoker.loader.errors",
     "LoaderTimeoutError": "stoker.loader.errors",
-    "Mixture": "stoker.loader.mixture",
-    "MixtureError": "stoker.loader.mixture",
+    "Mixture": "stoker.loader.order.mixture",
+    "MixtureError": "stoker.loader.order.mixture",
     "StateError": "stoker.loader.errors",
     "WorkerError": "stoker.loader.errors",
 }

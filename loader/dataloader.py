@@ -24,32 +24,32 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data._utils.collate import default_collate, default_convert
 from torch.utils.data.dataloader import _InfiniteConstantSampler
 
-from stoker.loader import warmup
+from stoker.loader.jit import warmup
 from stoker.loader.args import (check_local_shards, check_sampling_args, check_worker_args,
                                 check_worker_mode, is_remote)
 from stoker.loader.distributed import resolve_world
-from stoker.loader.content_digest import content_header
-from stoker.loader.arrow_source import ArrowSource
+from stoker.loader.ledger.digest import content_header
+from stoker.loader.read.arrow import ArrowSource
 from stoker.loader.epoch_iter import BatchTask, EpochIterator
 from stoker.loader.fallbacks import FallbackAccount
-from stoker.loader.images import ImageOptions
+from stoker.loader.fastpath.images import ImageOptions
 from stoker.loader.iterable import IterableEpoch, IterableSource, IterableTask
 from stoker.loader.loader_state import Resumable
 from stoker.loader.loader_world import WorldPlan
-from stoker.loader.mixture import Mixture
-from stoker.loader.mixture_source import MixtureSource, check_columns, is_mixture
-from stoker.loader.order import OrderOptions
-from stoker.loader.order_plan import OrderPlan, plan_order, record_stride
-from stoker.loader.record_store import default_dir
+from stoker.loader.order.mixture import Mixture
+from stoker.loader.read.mixture import MixtureSource, check_columns, is_mixture
+from stoker.loader.order.epoch import OrderOptions
+from stoker.loader.read.order_plan import OrderPlan, plan_order, record_stride
+from stoker.loader.fastpath.record_store import default_dir
 from stoker.loader.run_ledger import open_ledger
 from stoker.loader.samplers import OrderBatchSampler, OrderSampler
-from stoker.loader.service_options import service_for
-from stoker.loader.seed import resolve_seed, worker_base_seed
+from stoker.loader.service.options import service_for
+from stoker.loader.workers.seed import resolve_seed, worker_base_seed
 from stoker.loader.state import LoaderState
 from stoker.loader.stats import LoaderStats
-from stoker.loader.torch_source import TorchSource
+from stoker.loader.read.torch_dataset import TorchSource
 from stoker.loader.transfer import Transfer
-from stoker.loader.workers import WorkerPool, WorkerSetup, make_pool
+from stoker.loader.workers.pool import WorkerPool, WorkerSetup, make_pool
 from stoker.manifest import Manifest, redact_url
 
 __all__ = ["DataLoader"]
@@ -75,7 +75,7 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
             reads release the GIL), processes for a torch dataset (see README "Worker modes").
         sample_seeding: seed torch/numpy/random for every dataset call from (seed, epoch,
             sample), so augmentations do not depend on workers, world size or resume
-            (``stoker.loader.sample_rng``); ``False``: torch's per-worker seeding only.
+            (``stoker.loader.workers.sample_rng``); ``False``: torch's per-worker seeding only.
         device: move batches there (``"cuda"``: pinned host buffers + side-stream copies).
         cache_dir, cache_limit, storage_options: for remote datasets (node-local cache).
         cache_options: further ``ShardCache`` keyword arguments (``retry=RetryPolicy(...)``,
@@ -87,12 +87,12 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         row_major: ``"auto"`` (default), ``True`` or ``False``: row-major records of open
             shards' fixed-width outputs for fast shuffled reads (see ``ArrowSource``; bounded).
         row_major_dir: where records are kept as files, built once per node and mapped by
-            every later process (``stoker.loader.record_store``; verified, size-bounded);
+            every later process (``stoker.loader.fastpath.record_store``; verified, size-bounded);
             default ``$STOKER_ROW_MAJOR_DIR`` (empty: memory only), else
             ``<cache_dir>/row-major``, else ``~/.cache/stoker/row-major``; ``False``: memory.
         service: server URLs (``["grpc://host:port", ...]``) or a ``Service``: batches come
             from ``stoker serve`` processes, bitwise equal to this loader's local batches
-            (same state, same ledger); failover and hedging as in stoker.loader.service_client.
+            (same state, same ledger); failover and hedging as in stoker.loader.service.client.
 
     ``batch_size`` is per rank, as in torch DDP: the global batch is ``batch_size * world_size``.
     """
@@ -258,7 +258,7 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
                 return self._reader(manifest, columns, features, cache_dir, cache_limit,
                                     storage_options, partitions)
 
-            if is_mixture(dataset):  # stoker.loader.mixture: one reader per source
+            if is_mixture(dataset):  # stoker.loader.order.mixture: one reader per source
                 mixture = dataset if isinstance(dataset, Mixture) else \
                     Mixture.load(dataset, storage_options)
                 self.location = repr(mixture) if isinstance(dataset, Mixture) else \
@@ -299,14 +299,14 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
                 partitions: int | None) -> tuple[ArrowSource, Any]:
         """The reader of one stoker dataset and its shard cache (``None`` when local)."""
         if self._service is not None:  # batches come from `stoker serve`: no shard is opened
-            from stoker.loader.service_source import ServiceSource
+            from stoker.loader.service.source import ServiceSource
 
             return ServiceSource(manifest, self._service, columns=columns, features=features,
                                  categoricals=self._categoricals, image=self._image), None
         opener, max_open, cache = None, 256, None
         plan = self._order_plan  # None for a mixture's sources
         if cache_dir is not None or is_remote(manifest.root):
-            from stoker.loader.remote import open_cache, pin_bound
+            from stoker.loader.read.remote import open_cache, pin_bound
 
             max_open = pin_bound(manifest, partitions or OrderOptions().partitions,
                                  self.world_size, self.num_workers, cache_limit) \
@@ -318,7 +318,7 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         make: Any = ArrowSource
         extra: dict[str, Any] = {}
         if manifest.kind != "arrow":  # files indexed in place by `stoker index`
-            from stoker.loader.index_source import IndexSource
+            from stoker.loader.read.index import IndexSource
 
             make = IndexSource
             if manifest.kind == "parquet-index" and plan is not None:  # decoded row groups
@@ -334,7 +334,7 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
                     features: Sequence[str] | None, batch_size: int, cache_dir: Any,
                     cache_limit: Any, partitions: int | None) -> OrderPlan:
         """Order options of a stoker dataset, checked against the node's budgets
-        (stoker.loader.order_plan); independent of the world size."""
+        (stoker.loader.read.order_plan); independent of the world size."""
         limit = None
         if (cache_dir is not None or is_remote(manifest.root)) and cache_limit is not None:
             from stoker.cache import parse_size
@@ -408,7 +408,7 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
     def _get_pool(self, targeted: bool = False) -> WorkerPool | None:
         if self._service is not None and self._mode == "order":
             if self._pool is None:
-                from stoker.loader.service_pool import ServicePool
+                from stoker.loader.service.pool import ServicePool
 
                 self._pool = ServicePool(self, self._task)
             return self._pool

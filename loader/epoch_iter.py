@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import numpy as np
 
-from stoker.loader.failure import add_note
-from stoker.loader.content_digest import batch_digests
+from stoker.loader.workers.failure import add_note
+from stoker.loader.ledger.digest import batch_digests
 from stoker.loader.fallbacks import Noted, collecting
-from stoker.loader.mixture_order import source_order
-from stoker.loader.sample_rng import batch_seed
-from stoker.loader.schedule import rank_batch_ids
-from stoker.loader.worker_info import user_code
+from stoker.loader.order.mixture_order import source_order
+from stoker.loader.workers.sample_rng import batch_seed
+from stoker.loader.order.schedule import rank_batch_ids
+from stoker.loader.workers.info import user_code
 
 if TYPE_CHECKING:
     from stoker.loader.dataloader import DataLoader
@@ -46,8 +46,8 @@ class BatchTask:
     threads never keep an abandoned loader alive.
 
     The user's batch-level code (``collate_fn`` of a stoker dataset, ``transform``) runs as
-    user code (``stoker.loader.worker_info.user_code``), seeded from the batch's ids.
-    ``content``: the columns to digest (stoker.loader.content_digest), on the batch as the
+    user code (``stoker.loader.workers.info.user_code``), seeded from the batch's ids.
+    ``content``: the columns to digest (stoker.loader.ledger.digest), on the batch as the
     source delivered it, before ``collate`` and ``transform``; ``None``: no digests.
     """
 
@@ -67,7 +67,7 @@ class BatchTask:
 
     def finish(self, batch: Any, ids: Any, epoch: int, seed: int) -> Any:
         """The user's ``collate`` and ``transform`` on a delivered batch (also what the data
-        service's client runs on a batch it received, stoker.loader.service_pool)."""
+        service's client runs on a batch it received, stoker.loader.service.pool)."""
         if self.collate is None and self.transform is None:
             return batch
         with user_code(self.seeding) as call:

@@ -2,7 +2,7 @@
 
 Where torch's DataLoader raises a ``RuntimeError`` (a timeout, a worker that died), stoker's
 error is a ``RuntimeError`` too, so code written for torch catches it; an exception raised by
-the user's dataset is re-raised as its own type (see ``stoker.loader.failure``).
+the user's dataset is re-raised as its own type (see ``stoker.loader.workers.failure``).
 """
 
 from __future__ import annotations

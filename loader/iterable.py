@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 import numpy as np
 import xxhash
 
-from stoker.loader.content_digest import batch_digests
+from stoker.loader.ledger.digest import batch_digests
 from stoker.loader.epoch_iter import EpochIterator, EpochPass
 from stoker.loader.errors import StateError
-from stoker.loader.failure import add_note
-from stoker.loader.worker_info import user_code
+from stoker.loader.workers.failure import add_note
+from stoker.loader.workers.info import user_code
 
 if TYPE_CHECKING:
     from stoker.loader.dataloader import DataLoader

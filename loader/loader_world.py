@@ -3,7 +3,7 @@
 Rank and world size are resolved when iteration starts (and by ``len()``,
 ``state_dict()`` before that), see ``stoker.loader.distributed``; the batch plan and the
 staging of this rank's partitions follow. A stoker dataset's order options are fixed at
-construction (``stoker.loader.order_plan``: they never depend on the world size, so a state
+construction (``stoker.loader.read.order_plan``: they never depend on the world size, so a state
 resumes at any world size dividing the partitions).
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from stoker.loader.distributed import resolve_world
-from stoker.loader.order import OrderOptions
-from stoker.loader.schedule import BatchPlan
+from stoker.loader.order.epoch import OrderOptions
+from stoker.loader.order.schedule import BatchPlan
 
 __all__ = ["WorldPlan"]
 

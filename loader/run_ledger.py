@@ -47,12 +47,12 @@ def ledger_header(loader: DataLoader) -> dict[str, Any]:
 def open_ledger(loader: DataLoader) -> Any:
     """A LedgerWriter for ``loader`` at its ledger path, with a pending resume recorded.
 
-    Refused (:class:`~stoker.loader.ledger.LedgerError`) when another live loader writes that
+    Refused (:class:`~stoker.loader.ledger.writer.LedgerError`) when another live loader writes that
     ledger, or when it holds progress of this or another run and ``loader`` was not resumed
-    from a state nor continues exactly where it ends (stoker.loader.ledger_restart).
+    from a state nor continues exactly where it ends (stoker.loader.ledger.restart).
     """
-    from stoker.loader.ledger import LedgerWriter
-    from stoker.loader.ledger_restart import check_continues
+    from stoker.loader.ledger.writer import LedgerWriter
+    from stoker.loader.ledger.restart import check_continues
 
     header = ledger_header(loader)
     try:

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 from torch.utils.data import BatchSampler, DistributedSampler
 
 from stoker.loader.errors import LoaderError
-from stoker.loader.mixture_order import source_order
-from stoker.loader.schedule import rank_batch_ids
+from stoker.loader.order.mixture_order import source_order
+from stoker.loader.order.schedule import rank_batch_ids
 
 if TYPE_CHECKING:
     from stoker.loader.dataloader import DataLoader

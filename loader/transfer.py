@@ -1,7 +1,7 @@
 """Moving finished batches to pinned memory and to the device.
 
 With CUDA: the fast path already writes batches into page-locked ring buffers
-(:mod:`stoker.loader.ring`, ``pin=True``); other tensors are staged through a pinned ring
+(:mod:`stoker.loader.fastpath.ring`, ``pin=True``); other tensors are staged through a pinned ring
 owned here. Host->device copies are issued on a side stream, an event is recorded after them,
 and the consumer's current stream waits on that event, so copies overlap the compute still
 queued on the GPU. The host buffers of a copy in flight are kept referenced until its event
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from stoker.loader.ring import BufferRing
+from stoker.loader.fastpath.ring import BufferRing
 
 __all__ = ["Transfer", "map_tensors"]
 

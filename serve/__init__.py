@@ -1,6 +1,6 @@
 """stoker.serve: the data service. ``stoker serve`` computes batches by key for trainers.
 
-A batch key (``stoker.loader.service_key``) names a batch of a stoker dataset completely, so a
+A batch key (``stoker.loader.service.key``) names a batch of a stoker dataset completely, so a
 server holds no cursor and any server can answer any key: the catalog turns a key into ids
 (the order) and rows (the dataset's reader), the Flight server streams it with its digests,
 the client (``DataLoader(..., service=[...])``, in stoker.loader) retries, hedges and checks.

@@ -15,13 +15,13 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable, Mapping, Sequence
 
-from stoker.loader.arrow_source import ArrowSource
-from stoker.loader.content_digest import batch_digests, content_header
-from stoker.loader.order import EpochOrder
-from stoker.loader.sample_rng import batch_seed
-from stoker.loader.service_key import BatchKey, image_options
-from stoker.loader.service_wire import digest_columns, ids_digest
-from stoker.loader.worker_info import user_code
+from stoker.loader.read.arrow import ArrowSource
+from stoker.loader.ledger.digest import batch_digests, content_header
+from stoker.loader.order.epoch import EpochOrder
+from stoker.loader.workers.sample_rng import batch_seed
+from stoker.loader.service.key import BatchKey, image_options
+from stoker.loader.service.wire import digest_columns, ids_digest
+from stoker.loader.workers.info import user_code
 from stoker.manifest import Manifest, StokerError, redact_url
 from stoker.serve.transforms import NamedTransform
 
@@ -118,7 +118,7 @@ class Catalog:
         root = manifest.root or ""
         remote = "://" in root and not root.startswith("file://")
         if remote or self._cache_args[0] is not None:
-            from stoker.loader.remote import open_cache
+            from stoker.loader.read.remote import open_cache
 
             cache_dir, limit, storage = self._cache_args
             cache, opener = open_cache(manifest, cache_dir, limit, storage, 64)

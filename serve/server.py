@@ -1,7 +1,7 @@
 """The Arrow Flight server of ``stoker serve``: ``do_get(key)`` -> one batch, ``status``.
 
-``do_get``: the ticket is a ``stoker.batch-key/1`` key (stoker.loader.service_key); the reply
-is one ``stoker.batch/1`` record batch (stoker.loader.service_wire). A key the server cannot
+``do_get``: the ticket is a ``stoker.batch-key/1`` key (stoker.loader.service.key); the reply
+is one ``stoker.batch/1`` record batch (stoker.loader.service.wire). A key the server cannot
 answer (malformed, an unknown fingerprint, a transform it does not run, options that do not
 fit the dataset) is refused with a Flight error whose message says what was wrong; the server
 keeps serving every other request. ``do_action("status")`` returns health and counters as
@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from stoker.loader.service_key import BatchKey
-from stoker.loader.service_wire import encode_batch
+from stoker.loader.service.key import BatchKey
+from stoker.loader.service.wire import encode_batch
 from stoker.manifest import StokerError, stoker_version
 from stoker.serve.auth import TokenCheck
 from stoker.serve.catalog import Catalog

@@ -3,7 +3,7 @@ row-major record files go to a per-run temporary directory, batches never take t
 path by timing (``STOKER_COLD_START=wait``), and in CI a skip is a failure.
 
 Without the second, every DataLoader a test builds would keep its records under the user's
-``~/.cache/stoker/row-major`` (the default, see stoker.loader.record_store); tests that check
+``~/.cache/stoker/row-major`` (the default, see stoker.loader.fastpath.record_store); tests that check
 the store itself pass their own directory.
 
 ``STOKER_CI=1`` (set by ``.ci/run``): a test that would skip because a server, binary or
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 _RECORDS = tempfile.mkdtemp(prefix="stoker-test-row-major-")
 os.environ["STOKER_ROW_MAJOR_DIR"] = _RECORDS  # subprocesses started by tests inherit it
 # Batches wait for the kernels instead of taking the pyarrow path while they compile
-# (stoker.loader.warmup): which path served a batch must not depend on timing in a test.
+# (stoker.loader.jit.warmup): which path served a batch must not depend on timing in a test.
 # tests/fastpath/test_cold_start.py turns the fallback on where it is what is tested.
 os.environ["STOKER_COLD_START"] = "wait"
 

@@ -3,7 +3,7 @@
 The replay proves the *ids* of each step; a node can still serve wrong *values* for the right
 ids (stale or tampered derived records, a bad cache, a kernel bug). With a ledger the loader
 records, per step and column, a digest of the batch as delivered
-(:mod:`stoker.loader.content_digest`). This check rebuilds each step's batch from the
+(:mod:`stoker.loader.ledger.digest`). This check rebuilds each step's batch from the
 source of truth, the manifest's shards, each re-hashed against the manifest before it is read,
 through the plain pyarrow path (no kernels, no row-major records, no cache), and compares the
 digests. The first wrong step is named with its rank and column.
@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import xxhash
 
-from stoker.loader.content_digest import CONTENT_ALGORITHM, batch_digests
-from stoker.loader.ledger_reader import content_columns
+from stoker.loader.ledger.digest import CONTENT_ALGORITHM, batch_digests
+from stoker.loader.ledger.reader import content_columns
 from stoker.manifest import (Manifest, ShardIntegrityError, StokerError, hash_file, is_url,
                              resolve_inside)
 from stoker.tools.audit_replay import DatasetView, Replayer
@@ -63,7 +63,7 @@ class _VerifiedShards:
 
 def _source(manifest: Manifest, read: dict[str, Any], opener: Callable[[int], Any]) -> Any:
     """The plain reader a step's batch is rebuilt with (pyarrow path, no records)."""
-    from stoker.loader.images import ImageOptions
+    from stoker.loader.fastpath.images import ImageOptions
 
     image = read.get("image")
     opts = None if image is None else ImageOptions(
@@ -76,10 +76,10 @@ def _source(manifest: Manifest, read: dict[str, Any], opener: Callable[[int], An
     kw: dict[str, Any] = dict(columns=read["columns"], features=read["features"] or None,
                               categoricals=read["categoricals"] or None, image=opts)
     if manifest.kind != "arrow":
-        from stoker.loader.index_source import IndexSource
+        from stoker.loader.read.index import IndexSource
 
         return IndexSource(manifest, **kw)
-    from stoker.loader.arrow_source import ArrowSource
+    from stoker.loader.read.arrow import ArrowSource
 
     return ArrowSource(manifest, opener=opener, fast=False, row_major=False, **kw)
 

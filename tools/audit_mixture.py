@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from stoker.loader.mixture import Mixture
-from stoker.loader.mixture_order import MixtureOrder, PassOrders
-from stoker.loader.order import OrderOptions
+from stoker.loader.order.mixture import Mixture
+from stoker.loader.order.mixture_order import MixtureOrder, PassOrders
+from stoker.loader.order.epoch import OrderOptions
 from stoker.manifest import StokerError
 from stoker.tools.audit_integrity import integrity_check
 from stoker.tools.audit_replay import DatasetView, Replayer

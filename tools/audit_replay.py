@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from stoker.loader.ledger_format import ids_digest
-from stoker.loader.order import EpochOrder, OrderOptions
-from stoker.loader.schedule import rank_batch_ids
+from stoker.loader.ledger.format import ids_digest
+from stoker.loader.order.epoch import EpochOrder, OrderOptions
+from stoker.loader.order.schedule import rank_batch_ids
 from stoker.manifest import Manifest, StokerError
 from stoker.tools.audit_report import Check
 from stoker.tools.audit_run import Run, plan_of
@@ -80,7 +80,7 @@ def _short(exc: Exception) -> str:
 
 def _virtual_rows(n: int) -> np.ndarray:
     try:
-        from stoker.loader.torch_source import virtual_shard_rows
+        from stoker.loader.read.torch_dataset import virtual_shard_rows
     except ImportError:
         return np.array([n], dtype=np.int64)
     return virtual_shard_rows(n)

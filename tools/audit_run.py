@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from stoker.loader.ledger import Ledger, LedgerError, read_ledger
-from stoker.loader.schedule import BatchPlan
+from stoker.loader.ledger.writer import Ledger, LedgerError, read_ledger
+from stoker.loader.order.schedule import BatchPlan
 from stoker.tools.cli import UsageError
 
 __all__ = ["REC_DTYPE", "Resume", "Run", "load_run", "pos_key", "resolve_files"]

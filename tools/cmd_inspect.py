@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from stoker.manifest import Manifest
     from stoker.sharder import format_size
 
-    from stoker.loader.mixture_file import is_mixture_file
+    from stoker.loader.order.mixture_file import is_mixture_file
 
     if is_mixture_file(args.dataset):  # a mixture.json: stoker.tools.inspect_mixture
         from stoker.tools.inspect_mixture import print_mixture

@@ -29,7 +29,7 @@ def describe_mixture(mixture: Any) -> dict[str, Any]:
 
 
 def print_mixture(path: str, as_json: bool) -> int:
-    from stoker.loader.mixture import Mixture
+    from stoker.loader.order.mixture import Mixture
     from stoker.sharder import format_size
 
     info = describe_mixture(Mixture.load(path))

@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from stoker.loader.ledger import LedgerWriter
-from stoker.loader.order import EpochOrder, OrderOptions
-from stoker.loader.schedule import BatchPlan, rank_batch_ids
+from stoker.loader.ledger.writer import LedgerWriter
+from stoker.loader.order.epoch import EpochOrder, OrderOptions
+from stoker.loader.order.schedule import BatchPlan, rank_batch_ids
 from stoker.manifest import Manifest, ShardInfo, hash_file
 
 ROWS = (30, 25, 40, 17)

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stoker.loader.ledger import LedgerWriter
-from stoker.loader.ledger_format import FRAME_STEPS, iter_frames
+from stoker.loader.ledger.writer import LedgerWriter
+from stoker.loader.ledger.format import FRAME_STEPS, iter_frames
 from stoker.tools.audit import audit
 from stoker.tools.cli import main
 
@@ -215,9 +215,9 @@ def test_two_runs_diverging_are_compared(tmp_path: Path, dataset, kit) -> None:
 
 
 def test_generic_torch_dataset_is_replayed_from_its_length(tmp_path: Path, kit) -> None:
-    from stoker.loader.order import EpochOrder, OrderOptions
-    from stoker.loader.schedule import BatchPlan, rank_batch_ids
-    from stoker.loader.torch_source import virtual_shard_rows
+    from stoker.loader.order.epoch import EpochOrder, OrderOptions
+    from stoker.loader.order.schedule import BatchPlan, rank_batch_ids
+    from stoker.loader.read.torch_dataset import virtual_shard_rows
 
     n = 2500
     head = {"dataset": "MyDataset", "fingerprint": "ab" * 16, "num_samples": n, "seed": 1,

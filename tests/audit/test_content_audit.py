@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "loader"))
 from loader_helpers import make_dataset  # noqa: E402
 
 from stoker.loader import DataLoader  # noqa: E402
-from stoker.loader.ledger import read_ledger  # noqa: E402
+from stoker.loader.ledger.writer import read_ledger  # noqa: E402
 from stoker.tools.audit import audit  # noqa: E402
 from stoker.tools.audit_html import render_html  # noqa: E402
 from stoker.tools.cli import main  # noqa: E402

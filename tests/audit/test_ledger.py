@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stoker.loader.ledger import LedgerError, LedgerWriter, ledger_path, read_ledger
-from stoker.loader.ledger_format import ids_digest, iter_frames
+from stoker.loader.ledger.writer import LedgerError, LedgerWriter, ledger_path, read_ledger
+from stoker.loader.ledger.format import ids_digest, iter_frames
 
 SECRET = "hunter2-SECRET-c0ffee"
 
@@ -113,7 +113,7 @@ def test_sigkilled_writer_leaves_a_readable_prefix(tmp_path: Path) -> None:
     path = tmp_path / "k.ledger"
     script = textwrap.dedent(f"""
         import sys, numpy as np
-        from stoker.loader.ledger import LedgerWriter
+        from stoker.loader.ledger.writer import LedgerWriter
         w = LedgerWriter({str(path)!r}, {{"seed": 1, "rank": 0, "world_size": 1}},
                          ids=True, flush_steps=64)
         step = 0

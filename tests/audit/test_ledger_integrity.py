@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "loader"))
 from loader_helpers import make_dataset  # noqa: E402
 
 from stoker.loader import DataLoader  # noqa: E402
-from stoker.loader.ledger import LedgerError, LedgerWriter  # noqa: E402
+from stoker.loader.ledger.writer import LedgerError, LedgerWriter  # noqa: E402
 from stoker.tools.audit import audit  # noqa: E402
 
 ROWS = [90, 80, 100, 70]  # 340 samples: 34 steps of 10
@@ -103,7 +103,7 @@ def test_a_restart_written_by_another_writer_fails_the_audit(data: Path, tmp_pat
     replay = _loader(data, tmp_path / "copy" / "run.ledger")
     _consume(replay, 34)
     replay.close()
-    from stoker.loader.ledger import read_ledger
+    from stoker.loader.ledger.writer import read_ledger
 
     seg = read_ledger(tmp_path / "copy" / "run.ledger").segments[0]
     with LedgerWriter(ledger, {k: v for k, v in seg.header.items()
@@ -141,7 +141,7 @@ def test_the_lock_dies_with_a_killed_holder(tmp_path: Path) -> None:
     ledger = tmp_path / "run.ledger"
     code = textwrap.dedent(f"""
         import sys, time
-        from stoker.loader.ledger import LedgerWriter
+        from stoker.loader.ledger.writer import LedgerWriter
         w = LedgerWriter({str(ledger)!r}, {{"seed": 1}})
         print("locked", flush=True)
         time.sleep(60)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stoker.loader import DataLoader
-from stoker.loader.ledger import read_ledger
+from stoker.loader.ledger.writer import read_ledger
 from stoker.tools.audit import audit
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.loader.ledger import LedgerWriter
+from stoker.loader.ledger.writer import LedgerWriter
 from stoker.tools.audit import audit
 from stoker.tools.audit_html import render_html
 

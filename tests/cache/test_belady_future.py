@@ -25,8 +25,8 @@ from shard_writer import write_dataset  # noqa: E402
 
 from stoker.cache import ShardCache  # noqa: E402
 from stoker.cache.future import FutureIndex  # noqa: E402
-from stoker.loader.order import EpochOrder, OrderOptions  # noqa: E402
-from stoker.loader.schedule import BatchPlan, rank_batch_ids  # noqa: E402
+from stoker.loader.order.epoch import EpochOrder, OrderOptions  # noqa: E402
+from stoker.loader.order.schedule import BatchPlan, rank_batch_ids  # noqa: E402
 from stoker.manifest import Manifest  # noqa: E402
 
 

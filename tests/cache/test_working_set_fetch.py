@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from stoker.loader import DataLoader
-from stoker.loader.order_plan import WorkingSetError
+from stoker.loader.read.order_plan import WorkingSetError
 
 
 def _dataset_bytes(manifest) -> int:  # type: ignore[no-untyped-def]

@@ -1,5 +1,5 @@
 """Cold start: batches read while the kernels compile (their NumPy twins,
-stoker.loader.kernels_np) are byte for byte the batches the kernels give, and switching from
+stoker.loader.fastpath.kernels_np) are byte for byte the batches the kernels give, and switching from
 one to the other in the middle of an epoch changes no byte."""
 
 from __future__ import annotations
@@ -19,9 +19,13 @@ sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importli
 
 from fastpath_helpers import random_array  # noqa: E402
 
-from stoker.loader import DataLoader, kernels, kernels_np, warmup  # noqa: E402
-from stoker.loader.fastpath import FastPlan, ShardData  # noqa: E402
-from stoker.loader.ring import BufferRing  # noqa: E402
+from stoker.loader import DataLoader, warmup  # noqa: E402
+
+from stoker.loader.fastpath import kernels
+
+from stoker.loader.fastpath import kernels_np
+from stoker.loader.fastpath.plan import FastPlan, ShardData  # noqa: E402
+from stoker.loader.fastpath.ring import BufferRing  # noqa: E402
 
 FIXED = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(),
          pa.uint64(), pa.float32(), pa.float64(), pa.bool_(), pa.date32(), pa.timestamp("ms"),

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from stoker.loader import DataLoader
-from stoker.loader.arrow_source import ArrowSource
+from stoker.loader.read.arrow import ArrowSource
 from stoker.manifest import Manifest
 
 pytestmark = [pytest.mark.gpu,

@@ -12,8 +12,8 @@ import torch
 from PIL import Image
 
 from stoker.loader import DataLoader
-from stoker.loader.arrow_source import ArrowSource
-from stoker.loader.images import ImageOptions
+from stoker.loader.read.arrow import ArrowSource
+from stoker.loader.fastpath.images import ImageOptions
 from stoker.manifest import Manifest
 
 N = 40

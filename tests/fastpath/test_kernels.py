@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importli
 
 from fastpath_helpers import random_array  # noqa: E402
 
-from stoker.loader.fastpath import FastPlan, ShardData  # noqa: E402
-from stoker.loader.ring import BufferRing  # noqa: E402
+from stoker.loader.fastpath.plan import FastPlan, ShardData  # noqa: E402
+from stoker.loader.fastpath.ring import BufferRing  # noqa: E402
 
 FIXED = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(),
          pa.uint64(), pa.float32(), pa.float64(), pa.bool_(), pa.date32(), pa.timestamp("ms"),

@@ -1,4 +1,4 @@
-"""Row-major records on disk (stoker.loader.record_store): built once, mapped by later
+"""Row-major records on disk (stoker.loader.fastpath.record_store): built once, mapped by later
 processes, verified, bounded, and never able to change a batch."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importli
 from fastpath_helpers import write_dataset  # noqa: E402
 
 from stoker.loader import DataLoader  # noqa: E402
-from stoker.loader.arrow_source import ArrowSource  # noqa: E402
-from stoker.loader.record_store import RecordStore, default_dir  # noqa: E402
+from stoker.loader.read.arrow import ArrowSource  # noqa: E402
+from stoker.loader.fastpath.record_store import RecordStore, default_dir  # noqa: E402
 from stoker.manifest import Manifest  # noqa: E402
 
 FEATS, CATS = ["f0", "f1"], ["c0"]

@@ -10,8 +10,8 @@ import torch
 
 from batch_equality import assert_tensors_equal
 
-from stoker.loader.arrow_source import ArrowSource
-from stoker.loader.ring import BufferRing
+from stoker.loader.read.arrow import ArrowSource
+from stoker.loader.fastpath.ring import BufferRing
 from stoker.manifest import Manifest
 
 

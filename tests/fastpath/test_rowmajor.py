@@ -1,4 +1,4 @@
-"""Row-major copies (stoker.loader.rowmajor): batches bitwise equal to the column path."""
+"""Row-major copies (stoker.loader.fastpath.rowmajor): batches bitwise equal to the column path."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importli
 from fastpath_helpers import random_array, write_dataset  # noqa: E402
 
 from stoker.loader import DataLoader, rowmajor  # noqa: E402
-from stoker.loader.arrow_source import ArrowSource  # noqa: E402
+from stoker.loader.read.arrow import ArrowSource  # noqa: E402
 from stoker.manifest import Manifest  # noqa: E402
 
 FEATURE_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(),
@@ -190,8 +190,11 @@ def test_auto_builds_no_copies_in_forked_workers(dataset: Manifest) -> None:
 WARM_SCRIPT = """
 import sys
 import numpy as np
-from stoker.loader import kernels, record_table, rowmajor, warmup
-from stoker.loader.arrow_source import ArrowSource
+from stoker.loader.fastpath import kernels
+from stoker.loader.fastpath import record_table
+from stoker.loader.fastpath import rowmajor
+from stoker.loader.jit import warmup
+from stoker.loader.read.arrow import ArrowSource
 from stoker.manifest import Manifest
 
 kernels_ = [kernels.gather_fixed, kernels.gather_list, kernels.var_lengths,
@@ -241,7 +244,7 @@ def test_numpy_gather_equals_the_kernel(dataset: Manifest) -> None:
 def test_numpy_twins_serve_only_the_first_call_while_warming(monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    from stoker.loader import warmup
+    from stoker.loader.jit import warmup
 
     monkeypatch.setattr(warmup, "_first", set())
     monkeypatch.setattr(warmup, "_threads", [])

@@ -12,7 +12,7 @@ import torch
 from batch_equality import assert_batches_equal
 
 from stoker.loader import DataLoader
-from stoker.loader.arrow_source import ArrowSource
+from stoker.loader.read.arrow import ArrowSource
 from stoker.manifest import Manifest
 
 FEATURES = ["f0", "f1", "f2", "flag"]

@@ -108,7 +108,7 @@ class TrialCheck:
             check_final_names(cache_dir, manifest)
         kinds = set(events)
         if kinds:
-            from stoker.loader.ledger_reader import read_ledger
+            from stoker.loader.ledger.reader import read_ledger
 
             seen = {e["kind"] for e in read_ledger(ledger).events}  # type: ignore[arg-type]
             missing = kinds - seen

@@ -23,7 +23,7 @@ from serve_data import W1_KW, w1_dataset  # noqa: E402
 from stoker_server import StokerServer  # noqa: E402
 
 from stoker.loader import DataLoader  # noqa: E402
-from stoker.loader.service_options import Service  # noqa: E402
+from stoker.loader.service.options import Service  # noqa: E402
 
 KILLS = trials(1, 20)
 KW: dict[str, Any] = dict(batch_size=32, shuffle=True, seed=20, **W1_KW)

@@ -22,7 +22,7 @@ import xxhash
 from fault_helpers import Figures, Stopwatch, make_dataset, trials
 
 from stoker.loader import DataLoader
-from stoker.loader.ledger import LedgerError, LedgerWriter, read_ledger
+from stoker.loader.ledger.writer import LedgerError, LedgerWriter, read_ledger
 from stoker.tools.audit import audit
 
 TAMPERS = trials(2, 20)

@@ -19,7 +19,7 @@ from fault_helpers import Figures, Stopwatch, expected_ids, ids_of, make_dataset
 
 from stoker.loader import DataLoader
 from stoker.loader.errors import LoaderTimeoutError
-from stoker.loader.ledger_reader import read_ledger
+from stoker.loader.ledger.reader import read_ledger
 
 KILLS = trials(2, 13)
 KW = dict(batch_size=8, shuffle=True, seed=12)

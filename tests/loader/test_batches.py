@@ -77,7 +77,7 @@ def test_len_and_epoch_advance(dataset) -> None:
 def test_temporal_columns_become_their_raw_int64_values() -> None:
     import datetime
 
-    from stoker.loader.convert import stack_features, table_to_batch
+    from stoker.loader.fastpath.convert import stack_features, table_to_batch
 
     table = pa.table({
         "d": pa.array([datetime.date(2020, 1, 2), None], pa.date32()),

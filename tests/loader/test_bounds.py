@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from loader_helpers import make_dataset
 
 from stoker.loader import DataLoader
-from stoker.loader.arrow_source import ArrowSource
+from stoker.loader.read.arrow import ArrowSource
 from stoker.manifest import Manifest, ShardIntegrityError, compute_fingerprint
 from stoker.manifest.manifest import encode_runs
 
@@ -103,7 +103,7 @@ def test_untouched_manifest_reads_fine(pristine: Path) -> None:
 
 def test_rows_past_a_shard_are_refused_per_batch_too() -> None:
     """The per-batch check alone (metadata that slipped past the open-time check)."""
-    from stoker.loader.fastpath import FastPlan, ShardData
+    from stoker.loader.fastpath.plan import FastPlan, ShardData
 
     table = pa.table({"x": np.arange(10, dtype=np.float32)})
     data = ShardData(table.to_batches(max_chunksize=4), None, ["x"])

@@ -17,7 +17,7 @@ import pytest
 from loader_helpers import make_dataset
 
 from stoker.loader import DataLoader
-from stoker.loader.ledger import read_ledger
+from stoker.loader.ledger.writer import read_ledger
 
 
 @pytest.fixture(scope="module")

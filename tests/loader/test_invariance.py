@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from stoker.loader import DataLoader
-from stoker.loader.order import EpochOrder
+from stoker.loader.order.epoch import EpochOrder
 
 from loader_helpers import global_batches, ids_of
 

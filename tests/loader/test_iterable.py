@@ -10,7 +10,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torch_compare import assert_same
 
 from stoker.loader import DataLoader, StateError
-from stoker.loader.ledger_reader import read_ledger
+from stoker.loader.ledger.reader import read_ledger
 
 
 class Shards(IterableDataset):

@@ -10,7 +10,7 @@ import pytest
 
 from stoker.loader import DataLoader
 from stoker.loader.errors import StateError
-from stoker.loader.order import OrderOptions
+from stoker.loader.order.epoch import OrderOptions
 from stoker.manifest import Manifest
 
 from loader_helpers import ids_of  # noqa: E402

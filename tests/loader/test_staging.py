@@ -1,4 +1,4 @@
-"""Staged reads (stoker.loader.staging) deliver exactly what the column path delivers: the same
+"""Staged reads (stoker.loader.read.staging) deliver exactly what the column path delivers: the same
 batches, bytes and dtypes, for every worker mode, world size and resume point."""
 
 from __future__ import annotations

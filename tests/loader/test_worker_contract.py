@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from stoker.loader import DataLoader
-from stoker.loader.ledger_reader import read_ledger
+from stoker.loader.ledger.reader import read_ledger
 
 
 class Probe(torch.utils.data.Dataset):

@@ -76,7 +76,7 @@ def test_timeout_is_honoured(worker_mode) -> None:
     # the batch takes 12 s: only the timeout can end next() with an error (a loader that
     # ignored it would return the batch instead), so no clock reading is asserted. Not
     # longer: an abandoned thread worker finishes its batch holding the process-wide user-code
-    # lock (stoker.loader.worker_info), which the next tests' thread workers wait for
+    # lock (stoker.loader.workers.info), which the next tests' thread workers wait for
     dl = DataLoader(Squares(8, slow=3.0), batch_size=4, num_workers=1, timeout=0.3,
                     worker_mode=worker_mode)
     with pytest.raises(LoaderTimeoutError, match="timeout=0.3") as info:

@@ -1,6 +1,6 @@
 """The blend rule written the slow, obvious way, and an exact checker of its guarantee.
 
-:func:`naive_blend` follows the docstring of ``stoker.loader.blend`` with Python Fractions:
+:func:`naive_blend` follows the docstring of ``stoker.loader.order.blend`` with Python Fractions:
 every pick's window from the exact targets, earliest deadline first, one slot at a time. The
 compiled kernel must agree with it bit for bit. :func:`quota_violations` checks the guarantee
 (every prefix within one sample of its target) with exact integers over a whole stream.

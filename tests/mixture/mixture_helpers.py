@@ -2,7 +2,7 @@
 
 Every source has the same columns: ``id`` (the sample's id within its source, so order is
 observable), ``x`` (float32), ``seq`` (list<float32> of id % 3 values) and ``name``. The model
-follows the docstrings of ``stoker.loader.mixture`` and ``stoker.loader.mixture_order``: the
+follows the docstrings of ``stoker.loader.order.mixture`` and ``stoker.loader.order.mixture_order``: the
 blend's (source, pick) per global position, then ``EpochOrder`` of that source for the pick's
 pass (``pick div N_i``) at ``pick mod N_i``.
 """
@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 
 from shard_writer import write_dataset
-from stoker.loader.mixture import Mixture
-from stoker.loader.order import EpochOrder, OrderOptions
+from stoker.loader.order.mixture import Mixture
+from stoker.loader.order.epoch import EpochOrder, OrderOptions
 from stoker.manifest import Manifest
 
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from blend_model import naive_blend, quota_violations, targets
-from stoker.loader.blend import Blend, BlendError
+from stoker.loader.order.blend import Blend, BlendError
 
 PROPS = settings(max_examples=40, deadline=None)
 SQRT7 = [math.sqrt(i) for i in range(2, 9)]  # the Grain comparison: 7 irrational weights

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from stoker.loader import DataLoader
-from stoker.loader.ledger import LedgerWriter, read_ledger
-from stoker.loader.mixture import Mixture
+from stoker.loader.ledger.writer import LedgerWriter, read_ledger
+from stoker.loader.order.mixture import Mixture
 from stoker.tools.audit import audit
 from stoker.tools.audit_html import render_html
 from stoker.tools.cli import main

@@ -10,7 +10,7 @@ import pytest
 
 from mixture_helpers import make_source
 from stoker.loader import DataLoader
-from stoker.loader.mixture import Mixture, MixtureError
+from stoker.loader.order.mixture import Mixture, MixtureError
 from stoker.manifest import ManifestError
 
 

@@ -14,7 +14,7 @@ import torch
 
 from mixture_helpers import expected, make_source, pairs
 from stoker.loader import DataLoader
-from stoker.loader.mixture import Mixture
+from stoker.loader.order.mixture import Mixture
 
 WEIGHTS = {"web": math.sqrt(2), "code": math.sqrt(3), "books": math.sqrt(5)}
 

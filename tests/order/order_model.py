@@ -1,6 +1,6 @@
 """A naive, loop-based model of the order algorithm, shared by the order tests.
 
-The model follows the module docstring of ``stoker.loader.order`` step by step with Python
+The model follows the module docstring of ``stoker.loader.order.epoch`` step by step with Python
 lists and the pure-Python Feistel reference, so agreement with ``EpochOrder`` checks the
 vectorised piece table and the Numba kernels against the written algorithm.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from stoker.loader.feistel import feistel_py, hash_keys_py, mix64_py
-from stoker.loader.order import OrderOptions, derive_seed
+from stoker.loader.order.feistel import feistel_py, hash_keys_py, mix64_py
+from stoker.loader.order.epoch import OrderOptions, derive_seed
 
 GOLDEN = 0x9E3779B97F4A7C15
 SALT_SHARDS, SALT_BLOCKS, SALT_PIECES = 1, 2, 3

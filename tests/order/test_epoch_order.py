@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from order_model import naive_order, options, shard_rows
 
-from stoker.loader.order import EpochOrder, OrderOptions, locate
+from stoker.loader.order.epoch import EpochOrder, OrderOptions, locate
 
 PROPS = settings(max_examples=60, deadline=None)
 

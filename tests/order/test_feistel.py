@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stoker.loader import feistel as k
+from stoker.loader.order import feistel as k
 
 U64 = st.integers(0, 2**64 - 1)
 

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stoker.loader.feistel import feistel_py
-from stoker.loader.jit import choose_cache_dir
+from stoker.loader.order.feistel import feistel_py
+from stoker.loader.jit.kernel import choose_cache_dir
 
 
 def _unwritable(tmp_path: Path, name: str) -> str:
@@ -40,7 +40,7 @@ def test_unwritable_cache_dir_falls_back_with_a_warning(tmp_path: Path) -> None:
            "TMPDIR": str(tmp)}
     code = ("import os, warnings, numpy as np\n"
             "warnings.simplefilter('always')\n"
-            "from stoker.loader import feistel\n"
+            "from stoker.loader.order import feistel\n"
             "print(feistel.feistel(np.int64(3), np.int64(1000), 10, np.uint64(5)))\n"
             "print(os.environ['NUMBA_CACHE_DIR'])\n")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from stoker.loader.order import EpochOrder, OrderOptions, locate
+from stoker.loader.order.epoch import EpochOrder, OrderOptions, locate
 
 
 def _rank_shards(order: EpochOrder, cum: np.ndarray, start: int, stop: int, rank: int,

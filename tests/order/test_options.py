@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from stoker.loader.order import (
+from stoker.loader.order.epoch import (
     ORDER_ALGORITHM,
     EpochOrder,
     OrderError,

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stoker.loader.order import EpochOrder, OrderOptions
-from stoker.loader.working_set import (PARTITION_LADDER, STAGED_ROUNDS, default_partitions,
+from stoker.loader.order.epoch import EpochOrder, OrderOptions
+from stoker.loader.order.working_set import (PARTITION_LADDER, STAGED_ROUNDS, default_partitions,
                                        working_set)
 
 

@@ -55,6 +55,6 @@ def image_dataset(root: Path, shards: tuple[int, ...] = (30, 26, 24)) -> Path:
 
 
 def image_kw() -> dict:
-    from stoker.loader.images import ImageOptions
+    from stoker.loader.fastpath.images import ImageOptions
 
     return {"image": ImageOptions("jpg", size=(16, 16), crop=(0.3, 1.0), flip=True)}

@@ -12,8 +12,8 @@ import pytest
 from batch_equality import assert_batches_equal
 from serve_data import W1_KW
 from stoker.loader import DataLoader
-from stoker.loader.service_errors import ServiceUnavailableError
-from stoker.loader.service_options import Service
+from stoker.loader.service.errors import ServiceUnavailableError
+from stoker.loader.service.options import Service
 
 pytestmark = [pytest.mark.remote, pytest.mark.timeout(300)]
 KW = dict(batch_size=64, shuffle=True, seed=2, **W1_KW)

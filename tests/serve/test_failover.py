@@ -13,8 +13,8 @@ import pytest
 from batch_equality import assert_batches_equal
 from serve_data import W1_KW
 from stoker.loader import DataLoader
-from stoker.loader.service_errors import ServiceUnavailableError
-from stoker.loader.service_options import Service
+from stoker.loader.service.errors import ServiceUnavailableError
+from stoker.loader.service.options import Service
 from stoker_server import StokerServer
 
 pytestmark = [pytest.mark.remote, pytest.mark.timeout(300)]
@@ -94,7 +94,7 @@ def test_sigterm_lets_in_flight_requests_finish(w1: Path) -> None:
 def test_server_side_transform_by_name(w1: Path, tmp_path: Path) -> None:
     from serve_transforms import jitter
 
-    from stoker.loader.ledger_reader import read_ledger
+    from stoker.loader.ledger.reader import read_ledger
 
     expected = _local(w1, (0,), transform=jitter, ledger=tmp_path / "local.ledger")
     with StokerServer([w1], "--transform", "serve_transforms:jitter", env=ENV) as server:

@@ -7,7 +7,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stoker.loader.service_client import rendezvous
+from stoker.loader.service.client import rendezvous
 
 _URLS = st.lists(st.integers(1024, 65535).map(lambda p: f"grpc://127.0.0.1:{p}"),
                  min_size=2, max_size=6, unique=True)

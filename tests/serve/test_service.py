@@ -15,9 +15,9 @@ import pytest
 from batch_equality import assert_batches_equal
 from serve_data import W1_KW, image_kw
 from stoker.loader import DataLoader
-from stoker.loader.service_client import rendezvous
-from stoker.loader.service_errors import ServiceRefusedError
-from stoker.loader.service_options import Service
+from stoker.loader.service.client import rendezvous
+from stoker.loader.service.errors import ServiceRefusedError
+from stoker.loader.service.options import Service
 from stoker_server import StokerServer
 
 pytestmark = [pytest.mark.remote, pytest.mark.timeout(300)]
@@ -95,7 +95,7 @@ def test_resume_across_local_and_service(first: str, w1: Path,
 
 def test_same_ledger_content_as_local(w1: Path, two_servers: list[StokerServer],
                                       tmp_path: Path) -> None:
-    from stoker.loader.ledger_reader import read_ledger
+    from stoker.loader.ledger.reader import read_ledger
 
     def steps(path: Path, **kw: Any) -> tuple[list[tuple[int, int, int]], list[list[int]]]:
         loader = DataLoader(w1, ledger=path, **_kw("w1"), **kw)

@@ -116,7 +116,7 @@ def test_image_folder_classes_labels_paths(tmp_path: Path) -> None:
 def test_image_folder_decodes_through_the_loader(tmp_path: Path) -> None:
     pytest.importorskip("PIL")
     from stoker.loader import DataLoader
-    from stoker.loader.images import ImageOptions
+    from stoker.loader.fastpath.images import ImageOptions
 
     write_image_folder(tmp_path / "imgs")
     shard(tmp_path / "imgs", tmp_path / "out")

@@ -1,0 +1,209 @@
+"""When a source's open shards get row-major records, where they come from, and when they go.
+
+:mod:`stoker.loader.fastpath.rowmajor` says what records are and how a batch reads them; this module
+manages them for one :class:`~stoker.loader.read.arrow.ArrowSource`: a shard that opens
+reserves memory from the budget, then maps its records from the node's store
+(:mod:`stoker.loader.fastpath.record_store`; at once: ~10 ms per 250 MB, verified) or builds them (in a
+background thread under ``"auto"``; batches use the column path meanwhile), and the process that
+built them saves them for every later process and then serves the saved file itself (page cache
+instead of private memory). An evicted shard gives its records and budget back.
+
+Every decision about a shard is taken under the source's lock, against the source's own view
+of which shards are open (``current``), so a shard closed while its records were being built
+never gets them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+import pyarrow as pa
+
+from stoker.loader.fastpath import rowmajor
+
+from stoker.loader.jit import warmup
+from stoker.loader.fallbacks import note
+from stoker.loader.fastpath.record_store import RecordStore
+from stoker.loader.fastpath.record_table import RecordTable
+
+if TYPE_CHECKING:
+    from stoker.loader.fastpath.plan import FastPlan, ShardData
+    from stoker.manifest import Manifest
+
+__all__ = ["ShardRecords"]
+
+logger = logging.getLogger(__name__)
+
+
+class ShardRecords:
+    """Row-major records of a source's open shards.
+
+    Args:
+        plan: the source's fast plan (what the records hold).
+        manifest: the dataset (shard content hashes name the stored files).
+        row_major: ``True``, ``False`` or ``"auto"`` (see ``ArrowSource``).
+        store_dir: the node's records directory, or ``None`` for memory only.
+        lock: the source's lock; ``current(index, data)`` is called under it and says whether
+            shard ``index`` is still open with ``data``.
+    """
+
+    def __init__(self, plan: FastPlan, manifest: Manifest, row_major: bool | str,
+                 store_dir: str | None, lock: threading.Condition,
+                 current: Callable[[int, ShardData], bool]) -> None:
+        self.mode = rowmajor.resolve_mode(row_major)  # bytes; 0: off, -1: unbounded
+        self.store_dir = store_dir
+        self.table: RecordTable | None = None  # set when the first shard opens
+        self.owner_pid = os.getpid()
+        self._plan, self._manifest = plan, manifest
+        self._lock, self._current = lock, current
+        self._budget = rowmajor.RowMajorBudget(self.mode)
+        self._bytes: dict[int, int] = {}
+        self._store: RecordStore | None = None
+        self._pool: tuple[int, ThreadPoolExecutor, ThreadPoolExecutor] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes reserved by the records of the open shards."""
+        return self._budget.used
+
+    def opened(self, index: int, data: ShardData, batches: list[pa.RecordBatch]) -> None:
+        """Shard ``index`` just opened: reserve budget and map, build or schedule its records."""
+        with self._lock:
+            if self.mode == 0:
+                return
+            if self.table is None:
+                self._store = self._open_store()
+                layout = rowmajor.RecordLayout.of(self._plan, batches)
+                if layout is None:
+                    self.mode = 0
+                    return
+                self.table = RecordTable(layout, self._manifest.num_shards)
+            if self.mode > 0 and self._store is None and os.getpid() != self.owner_pid:
+                return  # "auto" in a forked worker: N workers would hold N private copies
+            nbytes = int(data.starts[-1]) * self.table.layout.stride
+            if nbytes == 0 or not self._current(index, data) or not self._budget.reserve(nbytes):
+                return
+            self._bytes[index] = nbytes
+            layout, store = self.table.layout, self._store
+        misfits = layout.misfits(batches)
+        name = None if store is None else store.name(
+            self._manifest.shards[index].xxh3_128, int(data.starts[-1]), layout.key(misfits))
+        if self.mode < 0 or (store is not None and name is not None and store.exists(name)):
+            self._get(index, data, misfits, name)
+        else:
+            self._pools()[0].submit(warmup.after_first_batch, self._get, index, data, misfits,
+                                    name)
+
+    def dropped(self, index: int) -> None:
+        """Shard ``index`` closed (call under the source's lock): release its records."""
+        self._budget.release(self._bytes.pop(index, 0))
+        if self.table is not None:
+            self.table.remove(index)
+
+    def close(self) -> None:
+        """Release every shard's records; stop building (a started save finishes)."""
+        with self._lock:
+            for index in list(self._bytes):
+                self.dropped(index)
+            pool, self._pool = self._pool, None
+        if pool is not None and pool[0] == os.getpid():
+            pool[1].shutdown(wait=False, cancel_futures=True)
+            pool[2].shutdown(wait=False)  # atomic either way
+
+    def wait(self) -> None:
+        """Block until every record started so far is built and saved (tests, benchmarks)."""
+        with self._lock:
+            pool = self._pool
+        if pool is not None and pool[0] == os.getpid():
+            pool[1].submit(lambda: None).result()  # builds first: they queue the saves
+            pool[2].submit(lambda: None).result()
+
+    # -- getting records ----------------------------------------------------------------------
+    def _get(self, index: int, data: ShardData, misfits: list[str], name: str | None) -> None:
+        table = self.table
+        assert table is not None  # noqa: S101 - set before any shard gets here
+        with self._lock:
+            if not self._current(index, data):  # closed meanwhile (budget already released)
+                return
+        try:
+            records, built = self._records_of(index, data, misfits, name)
+        except (OSError, MemoryError, ValueError, pa.ArrowException) as exc:
+            # a named fallback: the column path still serves this shard
+            note("row_major_failed", f"shard {index}: {type(exc).__name__}: {exc}")
+            records, built = None, False
+        with self._lock:
+            if records is None or not self._current(index, data):
+                self._budget.release(self._bytes.pop(index, 0))
+                return
+            table.add(index, records, misfits)
+        if built and self._store is not None and name is not None:
+            # after add: the save then swaps the served records for the file's mapping
+            self._pools()[1].submit(self._save, self._store, name, index, data, records)
+
+    def _open_store(self) -> RecordStore | None:
+        if self.store_dir is None:
+            return None
+        try:
+            return RecordStore(self.store_dir)
+        except OSError as exc:
+            logger.warning("row-major records stay in memory: %s is not usable (%s)",
+                           self.store_dir, exc)
+            return None
+
+    def _records_of(self, index: int, data: ShardData, misfits: list[str],
+                    name: str | None) -> tuple[np.ndarray | None, bool]:
+        """``(records, built in memory)``: mapped from the store's file ``name``, else built
+        (the caller saves them); ``None`` in a forked worker when the store has none (N
+        workers would build N private copies)."""
+        layout = self.table.layout  # type: ignore[union-attr]
+        store = self._store
+        if store is None or name is None:
+            return rowmajor.build(layout, data, misfits), True
+        rows = int(data.starts[-1])
+        found = store.open(name, rows * layout.stride)
+        if found is not None:
+            return found.reshape(rows, layout.stride), False
+        if self.mode > 0 and os.getpid() != self.owner_pid:
+            return None, False
+        return rowmajor.build(layout, data, misfits), True
+
+    def _save(self, store: RecordStore, name: str, index: int, data: ShardData,
+              records: np.ndarray) -> None:
+        """Save in-memory records, then serve the file's mapping instead: page cache is
+        shared and reclaimable, and gathers from it measured no slower. The saving thread
+        runs at a lower CPU priority (Linux): it must not slow the batches."""
+        _lower_priority()
+        try:
+            store.save(name, records)
+            mapped = store.open(name, records.nbytes)
+        except OSError as exc:  # full disk, permissions: this process has them in memory
+            logger.warning("row-major records of shard %d were not saved to %s: %s", index,
+                           store.root, exc)
+            return
+        with self._lock:
+            table = self.table
+            if mapped is not None and table is not None and index in table \
+                    and self._current(index, data):
+                table.add(index, mapped.reshape(records.shape))
+
+    def _pools(self) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
+        """(builder, saver) threads of this process (a forked child makes its own)."""
+        with self._lock:
+            if self._pool is None or self._pool[0] != os.getpid():
+                self._pool = (os.getpid(),
+                              ThreadPoolExecutor(1, thread_name_prefix="stoker-rowmajor"),
+                              ThreadPoolExecutor(1, thread_name_prefix="stoker-rowmajor-save"))
+            return self._pool[1], self._pool[2]
+
+
+def _lower_priority() -> None:
+    """Nice the calling thread (Linux threads have their own nice value); best effort."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):
+        pass

@@ -1,0 +1,56 @@
+"""Two LLVM intrinsics the record gather needs and Numba does not expose.
+
+- :func:`pointer`: an integer address as a ``uint8*``, so one kernel call can read the
+  row-major records of many shards (each its own allocation) through a table of addresses.
+- :func:`prefetch`: ``llvm.prefetch`` (read, keep in all cache levels). A shuffled batch reads
+  rows at random addresses; issuing the loads of rows a few iterations ahead keeps many cache
+  misses in flight instead of the handful the out-of-order core finds on its own (measured:
+  0.16 -> 0.09 ms per W1 batch of 1024 rows, bench/RESULTS.md "Loader").
+
+Both are plain machine operations; the callers own the safety argument (the addresses are of
+live arrays, see :class:`stoker.loader.fastpath.record_table.RecordTable`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+__all__ = ["pointer", "prefetch"]
+
+_BYTE_PTR = ir.IntType(8).as_pointer()
+_I32 = ir.IntType(32)
+
+
+@intrinsic
+def pointer(typingctx: Any, address: types.Type) -> Any:
+    """``uint8*`` at integer ``address`` (index it like an array of bytes)."""
+    if not isinstance(address, types.Integer):
+        return None
+    result = types.CPointer(types.uint8)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.inttoptr(args[0], context.get_value_type(result))
+
+    return result(address), codegen
+
+
+@intrinsic
+def prefetch(typingctx: Any, address: types.Type) -> Any:
+    """Hint the CPU to load the cache line holding integer ``address`` (never faults)."""
+    if not isinstance(address, types.Integer):
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        fnty = ir.FunctionType(ir.VoidType(), [_BYTE_PTR, _I32, _I32, _I32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        ptr = builder.inttoptr(args[0], _BYTE_PTR)
+        # (address, read=0, locality=3: keep in every level, data cache=1)
+        builder.call(fn, [ptr, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+        return context.get_dummy_value()
+
+    return types.none(address), codegen

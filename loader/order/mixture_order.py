@@ -1,0 +1,169 @@
+"""The sample order of a mixture: loader epoch ``e``, position ``k`` -> a mixture sample id.
+
+A mixture sample id is ``offset_i + id``: sample ``id`` of source ``i``, whose ids start at
+``offset_i = N_0 + ... + N_{i-1}`` (the sources' samples concatenated in ``Mixture.names``
+order). Epoch ``e`` covers global stream positions ``[e * L, (e + 1) * L)`` with
+``L = sum N_i``; position ``g`` is pick ``j`` of source ``i`` by the blend, and that pick is
+``EpochOrder(source i, seed, epoch=j div N_i).ids_at(j mod N_i)``: each pass of a source is
+its own permutation, a new pass a new one. Ranks take positions ``k % world_size == rank`` of
+each global batch, as for one dataset, so the union of the ranks' batches is the global batch
+whatever the world size.
+
+:class:`MixtureOrder` has the surface of :class:`~stoker.loader.order.epoch.EpochOrder` that the
+loader, its samplers and the audit use (``num_samples``, ``ids``, ``ids_at``, ``rank_ids``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from stoker.loader.order.epoch import EpochOrder, OrderError, OrderOptions
+
+__all__ = ["MixtureOrder", "PassOrders", "source_order"]
+
+_CHUNK = 16_384  # positions whose ids rank_ids computes in one go
+
+
+class PassOrders:
+    """The per-pass orders of a mixture's sources, built on demand and kept (a few)."""
+
+    def __init__(self, shard_rows: list[np.ndarray], fingerprints: list[str], seed: int,
+                 options: OrderOptions, keep: int = 64) -> None:
+        self._rows, self._fps, self.seed, self.options = shard_rows, fingerprints, seed, options
+        self._keep = keep
+        self._cache: OrderedDict[tuple[int, int], EpochOrder] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_cache", "_lock")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._cache, self._lock = OrderedDict(), threading.Lock()
+
+    def get(self, source: int, pass_: int) -> EpochOrder:
+        key = (source, pass_)
+        with self._lock:
+            order = self._cache.get(key)
+            if order is not None:
+                self._cache.move_to_end(key)
+                return order
+        order = EpochOrder(self._rows[source], self._fps[source], self.seed, pass_, self.options)
+        with self._lock:
+            self._cache[key] = order
+            while len(self._cache) > self._keep:
+                self._cache.popitem(last=False)
+        return order
+
+    def ids(self, src: np.ndarray, pick: np.ndarray, sizes: np.ndarray,
+            offsets: np.ndarray) -> np.ndarray:
+        """Mixture ids of the picks ``(src, pick)`` (int64, same length).
+
+        A source's picks in a window are increasing, so each (source, pass) group is read as
+        one contiguous range of its order (the range kernel) and indexed.
+        """
+        out = np.empty(len(src), dtype=np.int64)
+        by_source = np.argsort(src, kind="stable")
+        bounds = np.flatnonzero(np.diff(src[by_source])) + 1
+        for sel in np.split(by_source, bounds) if len(src) else []:
+            i = int(src[sel[0]])
+            n = int(sizes[i])
+            picks = pick[sel]
+            first, last = int(picks[0]) // n, int(picks[-1]) // n
+            for p in range(first, last + 1):
+                part = sel if first == last else sel[picks // n == p]
+                if not len(part):  # a rank's share can skip a whole pass of a tiny source
+                    continue
+                within = pick[part] - p * n
+                lo, hi = int(within[0]), int(within[-1]) + 1
+                out[part] = self.get(i, p).ids(lo, hi)[within - lo] + offsets[i]
+        return out
+
+
+class MixtureOrder:
+    """``O[k]`` for ``k`` in ``[0, L)`` of one loader epoch of a mixture (random access).
+
+    Args:
+        mixture: the :class:`~stoker.loader.order.mixture.Mixture` (its blend and sizes).
+        passes: the sources' pass orders (seed and order options inside).
+        epoch: the loader epoch.
+    """
+
+    def __init__(self, mixture: Any, passes: PassOrders, epoch: int) -> None:
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise OrderError(f"epoch must be an int >= 0, got {epoch!r}")
+        self.mixture, self.passes, self.epoch = mixture, passes, int(epoch)
+        self.num_samples = mixture.num_samples
+        self.options = passes.options
+        self.seed = passes.seed
+        self.fingerprint = mixture.fingerprint
+        self._sizes = np.asarray(mixture.sizes, dtype=np.int64)
+        self._base = self.epoch * self.num_samples
+        self._kept: tuple[int, int, int, int, np.ndarray] | None = None  # see rank_ids
+
+    def __repr__(self) -> str:
+        return f"MixtureOrder(epoch={self.epoch}, num_samples={self.num_samples}, {self.mixture})"
+
+    def _check_window(self, start: int, stop: int) -> tuple[int, int]:
+        start, stop = int(start), int(stop)
+        if not 0 <= start <= stop <= self.num_samples:
+            raise OrderError(f"positions [start, stop) = [{start}, {stop}) must satisfy "
+                             f"0 <= start <= stop <= num_samples = {self.num_samples}.")
+        return start, stop
+
+    def sources(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source, pick) of positions ``[start, stop)`` of this epoch."""
+        start, stop = self._check_window(start, stop)
+        return self.mixture.blend.picks(self._base + start, self._base + stop)
+
+    def _ids(self, src: np.ndarray, pick: np.ndarray) -> np.ndarray:
+        return self.passes.ids(src, pick, self._sizes, self.mixture.offsets)
+
+    def ids(self, start: int, stop: int) -> np.ndarray:
+        """Mixture ids ``O[start:stop]`` (int64)."""
+        return self._ids(*self.sources(start, stop))
+
+    def rank_ids(self, start: int, stop: int, rank: int, world_size: int) -> np.ndarray:
+        """``[O[k] for k in range(start, stop) if k % world_size == rank]``.
+
+        The loader asks for consecutive windows, so the ids of the next ``_CHUNK`` positions
+        are computed at once and kept: one blend call and one range per source and pass for
+        many batches, instead of per batch.
+        """
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise OrderError(f"rank must be in [0, world_size={world_size}), got {rank}.")
+        start, stop = self._check_window(start, stop)
+        first = start + (rank - start) % world_size
+        if first >= stop:
+            return np.empty(0, dtype=np.int64)
+        kept = self._kept
+        if kept is None or kept[1:3] != (rank, world_size) or not kept[0] <= first or \
+                stop > kept[3]:
+            hi = min(self.num_samples, max(stop, first + _CHUNK))
+            src, pick = self.sources(first, hi)
+            kept = self._kept = (first, rank, world_size, hi,
+                                 self._ids(src[::world_size], pick[::world_size]))
+        lo = (first - kept[0]) // world_size
+        return kept[4][lo:lo + len(range(first, stop, world_size))].copy()
+
+    def ids_at(self, ks: np.ndarray) -> np.ndarray:
+        """``O[k]`` for arbitrary positions (one blend window over their range)."""
+        ks = np.asarray(ks, dtype=np.int64)
+        if not ks.size:
+            return np.empty(ks.shape, dtype=np.int64)
+        lo, hi = int(ks.min()), int(ks.max()) + 1
+        src, pick = self.sources(lo, hi)
+        return self._ids(src[ks.ravel() - lo], pick[ks.ravel() - lo]).reshape(ks.shape)
+
+
+def source_order(source: Any, seed: int, epoch: int, options: OrderOptions) -> Any:
+    """The order a loader's source is read in: a mixture's own, else ``EpochOrder`` over its
+    shards (what the epoch iterator, the samplers and the audit build)."""
+    make = getattr(source, "epoch_order", None)
+    if make is not None:
+        return make(seed, epoch, options)
+    return EpochOrder(source.shard_rows, source.fingerprint, seed, epoch, options)

@@ -1,0 +1,240 @@
+"""Read an index dataset (``parquet-index`` / ``webdataset-index``) in place, by global id.
+
+Same ids, order, resume and audit as a native dataset: only how a shard's rows are read
+differs. A Parquet shard is one file whose record batches are its row groups, so a batch reads
+just the row groups its ids fall in (a bounded cache keeps recent ones); a WebDataset shard is
+one tar whose samples are read by byte offset. Before a file is first read, its size and
+xxh3-128 are checked against the manifest: a file changed after indexing is a
+:class:`~stoker.manifest.ShardIntegrityError` naming it, never wrong data.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from stoker.loader.read.arrow import ArrowSource
+from stoker.loader.fallbacks import note
+from stoker.loader.fastpath.plan import FastPlan
+from stoker.loader.read.index_staging import RowGroups, all_records
+from stoker.loader.order.epoch import OrderOptions
+from stoker.loader.read.staging import Stager
+from stoker.manifest import Manifest, ManifestError, ShardIntegrityError, hash_file, redact_url
+from stoker.manifest.webdataset_columns import SampleFormatError, parse_members, samples_to_table
+
+__all__ = ["IndexSource"]
+
+_CACHE_BYTES = 512 << 20
+
+
+class IndexSource(ArrowSource):
+    """Batches of an index dataset (see module docstring); arguments as :class:`ArrowSource`.
+
+    Args:
+        cache_bytes: Arrow bytes of decoded Parquet row groups kept for reuse.
+        verify: ``"hash"`` (default): size and xxh3-128 of each file before its first read
+            (reads the whole file once per source: ~GB/s, paid up front for the files the
+            first batches touch); ``"size"``: size only, for very large files on slow storage
+            (a same-size edit then goes unnoticed; ``stoker verify`` still checks hashes).
+    """
+
+    def __init__(self, manifest: Manifest, *, cache_bytes: int = _CACHE_BYTES,
+                 verify: str = "hash", **kwargs: Any) -> None:
+        if verify not in ("hash", "size"):
+            raise ValueError(f"verify={verify!r} is not supported; use 'hash' or 'size'.")
+        if manifest.kind not in ("parquet-index", "webdataset-index"):
+            raise ManifestError(f"IndexSource reads index datasets; this one is {manifest.kind!r}.")
+        root = manifest.root or ""
+        if "://" in root and not root.startswith("file://"):
+            raise ManifestError(f"{redact_url(root)}: index datasets are read in place and must "
+                                "be local; convert remote data with `stoker shard` instead.")
+        kwargs["fast"] = False
+        super().__init__(manifest, **kwargs)
+        self._schema = manifest.arrow_schema
+        self._verified: set[int] = set()
+        self._verify = verify
+        self._verify_lock = threading.Lock()
+        self._groups: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()
+        self._group_bytes = 0
+        self._cache_bytes = cache_bytes
+
+    # -- integrity -----------------------------------------------------------------------
+    def _path(self, index: int) -> str:
+        return self.manifest.shard_location(index).removeprefix("file://")
+
+    def verify(self, index: int) -> str:
+        """Check shard ``index``'s size and xxh3-128 once; return its local path."""
+        path = self._path(index)
+        if index in self._verified:
+            return path
+        with self._verify_lock:
+            if index in self._verified:
+                return path
+            info = self.manifest.shards[index]
+            try:
+                size = os.stat(path).st_size
+            except OSError as exc:
+                raise ShardIntegrityError(f"{path}: indexed file is missing or unreadable "
+                                          f"({exc.strerror}); restore it or run `stoker index` "
+                                          "again.", shard=info.path) from exc
+            digest = info.xxh3_128 if self._verify == "size" else \
+                hash_file(path)[0] if size == info.bytes else None
+            if size != info.bytes or digest != info.xxh3_128:
+                what = f"size {size} bytes, indexed {info.bytes}" if size != info.bytes else \
+                    f"xxh3-128 {digest}, indexed {info.xxh3_128}"
+                raise ShardIntegrityError(
+                    f"{path}: file changed after it was indexed ({what}); restore the original "
+                    "or run `stoker index --overwrite` again (the dataset's fingerprint, and so "
+                    "its order, will change).", shard=info.path)
+            self._verified.add(index)
+        return path
+
+    # -- staging (stoker.loader.read.index_staging) ---------------------------------------------
+    def stage(self, options: OrderOptions, rank: int, world_size: int) -> bool:
+        """Serve shuffled batches from staged rounds when every output is a record (fixed
+        width or list columns of indexed Parquet); decoded row groups are kept within
+        ``cache_bytes``, which the loader sizes to the order's working set."""
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+        if self.manifest.kind != "parquet-index" or not options.shuffle or self.image \
+                or not FastPlan.supports(self._schema, self.features, self.categoricals):
+            return False
+        plan = FastPlan(self._schema, self.columns, self.features, self.categoricals)
+        if not all_records(plan):
+            return False
+        groups = RowGroups(self._verified_group,
+                           lambda f: np.asarray(self.manifest.shards[f].batch_rows),
+                           plan.kernel_columns, lambda b: self._stager.opened(b),  # type: ignore[union-attr]
+                           self._cache_bytes)
+        self._staged_plan = plan
+        self._stager = Stager(plan, options, rank, world_size, self.shard_rows,
+                              self.fingerprint, self._starts, groups.runs)
+        return True
+
+    def _verified_group(self, index: int, group: int) -> pa.Table:
+        self.verify(index)
+        self.opened_shards.add(index)
+        return self._read_group(index, group)
+
+    def fetch(self, ids: np.ndarray, epoch: int = 0, seed: int = 0) -> dict[str, Any]:
+        """As :meth:`ArrowSource.fetch`; from staged rounds when :meth:`stage` enabled them."""
+        ids = np.asarray(ids, dtype=np.int64)
+        stager = self._stager
+        if stager is not None and len(ids):
+            slot = self._ring.acquire()
+            try:
+                filled, missing = stager.gather(ids, slot, epoch, seed)
+                plan = self._staged_plan
+                if not len(missing) and all(o.name in filled for o in plan.outputs):
+                    return plan.run([], len(ids), slot, lambda cols: {}, None, filled)
+                note("index_unstaged", f"a list column's width differs between row groups; "
+                                       f"batch of samples {ids[:4].tolist()}... read by pyarrow")
+            finally:
+                self._ring.release(slot)
+        return super().fetch(ids, epoch, seed)
+
+    # -- reading --------------------------------------------------------------------------
+    def _empty(self, columns: list[str]) -> pa.Table:
+        return self._schema_of(columns).empty_table()
+
+    def _piece(self, index: int, rows: np.ndarray, columns: list[str]) -> pa.Table:
+        self.verify(index)
+        self.opened_shards.add(index)
+        return self._rows(index, rows, self._schema_of(columns))
+
+    def _describe(self, index: int) -> str:
+        return f"indexed file {self._path(index)}"
+
+    def _schema_of(self, columns: list[str]) -> pa.Schema:
+        return pa.schema([self._schema.field(c) for c in columns])
+
+    def _rows(self, index: int, rows: np.ndarray, schema: pa.Schema) -> pa.Table:
+        if self.manifest.kind == "webdataset-index":
+            return self._tar_rows(index, rows, schema)
+        info = self.manifest.shards[index]
+        starts = np.concatenate([[0], np.cumsum(info.batch_rows)]).astype(np.int64)
+        group = np.searchsorted(starts, rows, side="right") - 1
+        needed = np.unique(group)
+        tables = [self._row_group(index, int(g)) for g in needed]
+        base = np.zeros(len(starts), dtype=np.int64)
+        base[needed] = np.concatenate([[0], np.cumsum([t.num_rows for t in tables])])[:-1]
+        local = base[group] + rows - starts[group]
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        return table.select(schema.names).take(pa.array(local))
+
+    def _row_group(self, index: int, group: int) -> pa.Table:
+        key = (index, group)
+        with self._lock:
+            hit = self._groups.get(key)
+            if hit is not None:
+                self._groups.move_to_end(key)
+                return hit
+        table = self._read_group(index, group)
+        with self._lock:
+            if key not in self._groups:
+                self._groups[key] = table
+                self._group_bytes += table.nbytes
+            while self._group_bytes > self._cache_bytes and len(self._groups) > 1:
+                _, old = self._groups.popitem(last=False)
+                self._group_bytes -= old.nbytes
+        return table
+
+    def _read_group(self, index: int, group: int) -> pa.Table:
+        """One row group with the columns this source reads, cast to the manifest's types."""
+        info = self.manifest.shards[index]
+        values = info.extra.get("partitions", [])
+        fields = list(self._schema)
+        cut = len(fields) - len(values)  # hive partition columns come after the file columns
+        wanted = set(self.columns)
+        file_fields = [f for f in fields[:cut] if f.name in wanted]
+        hive = [(f, v) for f, v in zip(fields[cut:], values) if f.name in wanted]
+        table = pq.ParquetFile(self._path(index)).read_row_group(
+            group, columns=[f.name for f in file_fields])
+        if table.num_rows != info.batch_rows[group]:
+            raise ShardIntegrityError(f"{self._path(index)}: row group {group} has "
+                                      f"{table.num_rows} rows, indexed {info.batch_rows[group]}; "
+                                      "the file changed. Run `stoker index` again.",
+                                      shard=info.path)
+        arrays = [table.column(f.name) for f in file_fields]
+        arrays = [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, file_fields)]
+        n = table.num_rows
+        for field, value in hive:
+            arrays.append(pa.nulls(n, field.type) if value is None
+                          else pa.repeat(pa.scalar(value, field.type), n))
+        schema = pa.schema(file_fields + [f for f, _ in hive])
+        return pa.Table.from_arrays(arrays, schema=schema).combine_chunks()
+
+    def _tar_rows(self, index: int, rows: np.ndarray, schema: pa.Schema) -> pa.Table:
+        offsets = self.manifest.shards[index].extra["offsets"]
+        path = self._path(index)
+        samples = []
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for r in rows.tolist():
+                lo, hi = offsets[r], offsets[r + 1]
+                data = os.pread(fd, hi - lo, lo)
+                if len(data) != hi - lo:
+                    raise ShardIntegrityError(f"{path}: short read at byte {lo}; the file "
+                                              "changed after indexing. Run `stoker index` again.",
+                                              shard=self.manifest.shards[index].path)
+                samples.append(parse_members(data, path))
+            return samples_to_table(path, samples, schema)
+        except SampleFormatError as exc:
+            # the file's hash matched the index, so only a bad index gets here
+            raise ShardIntegrityError(str(exc), shard=self.manifest.shards[index].path) from exc
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Drop cached row groups; idempotent."""
+        with self._lock:
+            self._groups.clear()
+            self._group_bytes = 0
+        super().close()

@@ -1,0 +1,231 @@
+"""The reading side of a mixture: one reader per source, batches merged back in stream order.
+
+When the sources can share one reader (local stoker datasets with one schema and
+compression, :mod:`stoker.loader.read.mixture_union`), a batch's mixture ids are read in one call.
+Otherwise the ids (see :mod:`stoker.loader.order.mixture_order`) are split by source, each source's
+reader (:class:`~stoker.loader.read.arrow.ArrowSource`, through its public
+``fetch(ids, epoch, seed)``) reads its rows, and the parts are written back at their
+positions; ``batch["source"]`` (int64) says which source (index into ``Mixture.names``) each
+row came from. The sources must agree on the requested columns: same names, and types that
+convert to the same batch value (see :func:`check_columns`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from stoker.loader.read.arrow import ArrowSource
+from stoker.loader.jit.kernel import kernel
+from stoker.loader.order.mixture import Mixture, MixtureError
+from stoker.loader.order.mixture_file import is_mixture_file
+from stoker.loader.order.mixture_order import MixtureOrder, PassOrders
+from stoker.loader.read.mixture_union import union_manifest
+from stoker.loader.order.epoch import OrderOptions
+from stoker.loader.fastpath.ring import BufferRing, Slot
+from stoker.manifest import Manifest, ManifestError
+
+__all__ = ["MixtureSource", "check_columns", "is_mixture"]
+
+# Column types that convert to the same batch value (stoker.loader.fastpath.convert): offsets width
+# and string-vs-binary storage do not change what a batch holds.
+_SAME = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}
+
+
+def _batch_type(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_dictionary(t):
+        return pa.int64()  # dictionary columns give their int64 codes
+    if pa.types.is_large_list(t) or pa.types.is_list(t):
+        return pa.list_(_batch_type(t.value_type))
+    return _SAME.get(t, t)
+
+
+def check_columns(mixture: Mixture, columns: Sequence[str] | None,
+                  features: Sequence[str] | None, categoricals: Sequence[str] | None,
+                  image: Any) -> None:
+    """Raise :class:`MixtureError` naming the source, the column and both types unless every
+    source can deliver the requested columns as the same batch values."""
+    first, schema0 = mixture.names[0], mixture.manifests[0].arrow_schema
+    wanted = list(columns) if columns is not None else list(schema0.names)
+    grouped = set(features or ()) | set(categoricals or ())
+    every = list(dict.fromkeys(wanted + list(features or ()) + list(categoricals or ())
+                               + ([image.column] if image is not None else [])))
+    for name, manifest in zip(mixture.names[1:], mixture.manifests[1:]):
+        schema = manifest.arrow_schema
+        if columns is None and set(schema.names) != set(schema0.names):
+            extra = sorted(set(schema.names) ^ set(schema0.names))
+            raise MixtureError(
+                f"sources {first!r} and {name!r} have different columns (column {extra[0]!r} "
+                f"is in only one); pass columns=[...] naming columns every source has "
+                f"(common: {sorted(set(schema.names) & set(schema0.names))}).")
+        for col in every:
+            if col not in schema.names or col not in schema0.names:
+                holder, lacking = (first, name) if col in schema0.names else (name, first)
+                raise MixtureError(f"column {col!r} is in source {holder!r} but not in source "
+                                   f"{lacking!r}; request only columns every source has.")
+            if col in grouped:  # cast to float32 / int64 by the reader either way
+                continue
+            a, b = schema0.field(col).type, schema.field(col).type
+            if _batch_type(a) != _batch_type(b):
+                raise MixtureError(f"column {col!r} is {a} in source {first!r} but {b} in "
+                                   f"source {name!r}; the batches would not match. Cast one "
+                                   "of them when sharding, or leave the column out.")
+
+
+class MixtureSource:
+    """Batches of a mixture: dicts of column -> tensor (or list), plus ``"source"``.
+
+    Args:
+        mixture: the mixture.
+        make_reader: builds the reader of one source's manifest and its shard cache (or
+            ``None``; closed with the source); the DataLoader passes the read options it gives
+            a single dataset.
+        ring_depth, pin: the merged batches' buffers (as a reader's, see stoker.loader.fastpath.ring).
+    """
+
+    kind = "mixture"
+
+    def __init__(self, mixture: Mixture,
+                 make_reader: Callable[[Manifest], tuple[ArrowSource, Any]], *,
+                 ring_depth: int = 8, pin: bool = False) -> None:
+        self.mixture = mixture
+        self._ring = BufferRing(ring_depth, pin)
+        self.fingerprint = mixture.fingerprint
+        self.readers: list[ArrowSource] = []
+        self._caches: list[Any] = []
+        # one reader over every shard when the sources allow (stoker.loader.read.mixture_union);
+        # a single source is read through its own manifest, exactly as on its own
+        union = mixture.manifests[0] if len(mixture.names) == 1 else \
+            union_manifest(mixture.manifests)
+        self.union = union is not None
+        try:
+            for name, manifest in ([("all", union)] if union is not None else
+                                   zip(mixture.names, mixture.manifests)):
+                try:
+                    reader, cache = make_reader(manifest)
+                except ManifestError as exc:
+                    raise MixtureError(f"source {name!r}: {exc}") from None
+                self.readers.append(reader)
+                self._caches.append(cache)
+        except BaseException:
+            self.close()
+            raise
+        # the concatenated shards: their sum is an epoch's length; OrderOptions.resolve reads them
+        self.shard_rows = np.concatenate([m.shard_rows for m in mixture.manifests]).astype(np.int64)
+        self._offsets = mixture.offsets
+        self._passes: PassOrders | None = None
+
+    # -- order ----------------------------------------------------------------------------------
+    def epoch_order(self, seed: int, epoch: int, options: OrderOptions) -> MixtureOrder:
+        """The order of loader epoch ``epoch`` (the per-pass orders are shared and kept)."""
+        passes = self._passes
+        if passes is None or passes.seed != seed or passes.options != options:
+            passes = self._passes = PassOrders([m.shard_rows for m in self.mixture.manifests],
+                                               [m.fingerprint for m in self.mixture.manifests],
+                                               seed, options)
+        return MixtureOrder(self.mixture, passes, epoch)
+
+    # -- reading --------------------------------------------------------------------------------
+    def fetch(self, ids: np.ndarray, epoch: int = 0, seed: int = 0) -> dict[str, Any]:
+        """The batch of mixture ids ``ids``, in their order, with ``"source"``."""
+        ids = np.asarray(ids, dtype=np.int64)
+        src = (np.searchsorted(self._offsets, ids, side="right") - 1).astype(np.int64)
+        if self.union:  # mixture ids are the union's global ids
+            batch = self.readers[0].fetch(ids, epoch, seed)
+            batch["source"] = torch.from_numpy(src)
+            return batch
+        present = np.unique(src).tolist()
+        if len(present) <= 1:  # one source (or an empty share): its batch as it is
+            i = present[0] if present else 0
+            batch = self.readers[i].fetch(ids - self._offsets[i], epoch, seed)
+            batch["source"] = torch.from_numpy(src)
+            return batch
+        parts = []
+        for i in present:
+            rows = np.flatnonzero(src == i)
+            parts.append((rows, self.readers[i].fetch(ids[rows] - self._offsets[i], epoch, seed)))
+        slot = self._ring.acquire()
+        try:
+            batch = _merge(parts, len(ids), slot)
+        finally:
+            self._ring.release(slot)
+        batch["source"] = torch.from_numpy(src)
+        return batch
+
+    def close(self) -> None:
+        """Close every source's reader and shard cache; idempotent."""
+        for r in self.readers:
+            r.close()
+        for c in self._caches:
+            if c is not None:
+                c.close()
+        self._caches = [None] * len(self._caches)
+
+
+@kernel
+def _scatter(dst, src, rows):  # type: ignore[no-untyped-def]
+    """``dst[rows[r]] = src[r]`` for byte rows (any dtype, viewed as uint8)."""
+    width = src.shape[1]
+    for r in range(rows.shape[0]):
+        d = rows[r]
+        for b in range(width):
+            dst[d, b] = src[r, b]
+
+
+def _merge(parts: list[tuple[np.ndarray, dict[str, Any]]], n: int, slot: Slot) -> dict[str, Any]:
+    """One batch of ``n`` rows from per-source batches whose rows sit at ``rows``; tensors
+    are written into ``slot``'s buffers (reused, pinned when the readers' are)."""
+    out: dict[str, Any] = {}
+    keys = list(dict.fromkeys(k for _, b in parts for k in b))
+    for key in keys:
+        if key.endswith("_lengths") and key[:-len("_lengths")] in keys:
+            continue  # merged with its list column
+        values = [b[key] for _, b in parts]
+        if isinstance(values[0], torch.Tensor):
+            _merge_tensor(out, key, parts, values, n, slot)
+        else:
+            merged: list[Any] = [None] * n
+            for (rows, _), v in zip(parts, values):
+                for r, item in zip(rows.tolist(), v):
+                    merged[r] = item
+            out[key] = merged
+    return out
+
+
+def _merge_tensor(out: dict[str, Any], key: str, parts: list[tuple[np.ndarray, dict]],
+                  values: list[torch.Tensor], n: int, slot: Slot) -> None:
+    """Scatter tensors; list columns of different widths are padded with 0 (as the
+    conversion rules pad rows within one batch) and get ``<key>_lengths``."""
+    lengths_key = f"{key}_lengths"
+    ragged = any(lengths_key in b for _, b in parts)
+    widths = {tuple(v.shape[1:]) for v in values}
+    shape = max(widths)
+    if len(widths) > 1 and (len(shape) != 1 or any(len(w) != 1 for w in widths)):
+        raise MixtureError(f"column {key!r} has shapes {sorted(widths)} in different sources; "
+                           "they cannot be stacked into one batch.")
+    dtype = values[0].numpy().dtype
+    merged = slot.array(key, (n, *shape), dtype)
+    if len(widths) > 1:
+        merged[...] = 0
+    for (rows, _), v in zip(parts, values):
+        a = np.ascontiguousarray(v.numpy())
+        if tuple(a.shape[1:]) == shape:
+            _scatter(merged.reshape(n, -1).view(np.uint8), a.reshape(len(rows), -1).view(np.uint8),
+                     rows)
+        else:
+            merged[rows, :a.shape[1]] = a
+    out[key] = torch.from_numpy(merged)
+    if ragged or len(widths) > 1:
+        lengths = torch.empty(n, dtype=torch.int64)
+        for (rows, b), v in zip(parts, values):
+            own = b.get(lengths_key)
+            lengths[torch.from_numpy(rows)] = own if own is not None else v.shape[1]
+        out[lengths_key] = lengths
+
+
+def is_mixture(dataset: Any) -> bool:
+    """Whether a DataLoader's ``dataset`` is a mixture (a Mixture or a ``mixture.json``)."""
+    return isinstance(dataset, Mixture) or is_mixture_file(dataset)

@@ -1,0 +1,370 @@
+"""Staging: each round's blocks copied once, sequentially, into a row-major buffer.
+
+A shuffled epoch reads in rounds (:mod:`stoker.loader.order.working_set`): round ``b`` is block ``b``
+of each partition a rank owns, i.e. a few hundred runs of consecutive rows of the
+shard-permuted stream. Gathering shuffled rows straight out of columnar shards costs one cache
+and TLB miss per column per row, and at terabyte scale a page fault too; so the rows of a round
+are first copied **in order** (each column read sequentially: readahead and the hardware
+prefetcher do the work) into one record per row (:class:`~stoker.loader.fastpath.rowmajor.RecordLayout`),
+and batches then gather whole records out of that buffer with one fused kernel
+(:func:`stoker.loader.fastpath.record_table._gather`). The copy uses the column kernels themselves, so
+a batch is bitwise equal whichever path serves a row.
+
+Memory is bounded by design: at most :data:`~stoker.loader.order.working_set.STAGED_ROUNDS` buffers of
+``P/W x K`` rows each, allocated once and reused. The next round is staged by a background
+thread while the current one is read; a buffer is reused only when no batch reads it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from stoker.loader.fastpath import kernels as k
+from stoker.loader.order.epoch import EpochOrder, OrderOptions
+from stoker.loader.fastpath.record_table import _gather
+from stoker.loader.fastpath.rowmajor import _TILE, Field, RecordLayout, _allocate
+from stoker.loader.order.working_set import STAGED_ROUNDS
+
+if TYPE_CHECKING:
+    from stoker.loader.fastpath.plan import FastPlan, ShardData
+    from stoker.loader.fastpath.ring import Slot
+
+__all__ = ["Stager"]
+
+
+_Key = tuple[int, int, int]  # (epoch, seed, block)
+_END = np.iinfo(np.int64).max
+
+
+
+class _Round:
+    """One staged round: its buffer, its id runs, and who reads it."""
+
+    def __init__(self, key: _Key, buffer: np.ndarray) -> None:
+        self.key, self.buffer = key, buffer
+        self.ready = False
+        self.readers = 0
+        self.error: BaseException | None = None
+        self.starts = self.addrs = np.empty(0, dtype=np.int64)  # set when ready
+
+    def index(self, gid: np.ndarray, length: np.ndarray, stride: int) -> None:
+        """The (start id, record address) table of this round's runs, gaps marked by 0."""
+        dest = np.cumsum(length) - length
+        addr = self.buffer.ctypes.data + dest * stride
+        self.starts = np.stack([gid, gid + length], 1).ravel()
+        self.addrs = np.stack([addr, np.zeros_like(addr)], 1).ravel()
+        self.table = (np.concatenate([[0], self.starts, [_END]]),
+                      np.concatenate([[0], self.addrs, [0]]))
+
+
+class Stager:
+    """Stages the rounds of one rank's shuffled order and gathers batches from them.
+
+    Args:
+        plan: the source's fast plan (what records hold).
+        options: resolved, shuffled order options.
+        rank, world_size: whose partitions are staged.
+        shard_rows, fingerprint: the dataset (its order is rebuilt per epoch and seed).
+        starts: global id of each shard's first row (``[shards + 1]``).
+        runs_of: ``runs_of(shard, firsts, ends, dests)`` opens what holds rows
+            ``firsts[i]:ends[i]`` of ``shard`` and yields ``(ShardData, firsts, ends, dests)``
+            in that data's own row numbers (a native shard is one ShardData; an indexed
+            Parquet file is one per row group).
+        rounds: buffers kept (see :data:`~stoker.loader.order.working_set.STAGED_ROUNDS`).
+        stage_ahead: stage the next round in a background thread. Off for shards read
+            through a cache: its own prefetcher fetches ahead, and a staging thread waiting
+            for cache room would outlive its loader.
+    """
+
+    def __init__(self, plan: FastPlan, options: OrderOptions, rank: int, world_size: int,
+                 shard_rows: np.ndarray, fingerprint: str, starts: np.ndarray,
+                 runs_of: Callable[..., Iterable[tuple[ShardData, np.ndarray, np.ndarray,
+                                                       np.ndarray]]],
+                 rounds: int = STAGED_ROUNDS, stage_ahead: bool = True) -> None:
+        self._plan, self.options = plan, options
+        self.rank, self.world_size = rank, world_size
+        self._rows, self._fingerprint, self._starts = shard_rows, fingerprint, starts
+        self._runs_of = runs_of
+        self._capacity = rounds
+        self.layout: RecordLayout | None = None
+        self._misfit_fields: set[str] = set()
+        self._ahead = False
+        self._closed = False
+        self.stage_ahead = stage_ahead
+        self._cond = threading.Condition()
+        self._reset()
+        self.staged_rows = 0  # rows copied so far (statistics)
+        self.rounds_staged = 0
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._rounds: dict[_Key, _Round] = {}
+        self._free: list[np.ndarray] = []
+        self._buffers = 0
+        self._orders: dict[tuple[int, int], EpochOrder] = {}
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __getstate__(self) -> dict[str, object]:
+        state = self.__dict__.copy()
+        for name in ("_cond", "_rounds", "_free", "_orders", "_pool"):
+            state.pop(name)
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._cond = threading.Condition()
+        self._reset()
+
+    def _check_process(self) -> None:
+        if os.getpid() != self._pid:  # a forked worker: nothing of the parent's is usable
+            self._cond = threading.Condition()
+            self._reset()
+
+    # -- layout -------------------------------------------------------------------------------
+    def opened(self, batches: Sequence[pa.RecordBatch]) -> None:
+        """A shard opened: fix the layout on the first; list outputs whose width differs in a
+        later shard stop being served from records (for every batch: one width per batch)."""
+        with self._cond:
+            if self.layout is None:
+                self.layout = RecordLayout.of(self._plan, batches)
+            if self.layout is not None:
+                self._misfit_fields.update(self.layout.misfits(batches))
+            # Stage ahead only when records serve every output: then shards are read only by
+            # staging, in round order, which is the future the cache evicts by. Outputs read
+            # from the shards at batch time (images, strings, ragged lists) would read a
+            # round's shards two rounds after staging did, which that future does not show.
+            served = {f.name for f in self.fields}
+            self._ahead = all(o.name in served for o in self._plan.outputs)
+
+    @property
+    def fields(self) -> tuple[Field, ...]:
+        """The fields batches are served from staging."""
+        if self.layout is None:
+            return ()
+        return tuple(f for f in self.layout.fields if f.name not in self._misfit_fields)
+
+    # -- rounds -------------------------------------------------------------------------------
+    def order(self, epoch: int, seed: int) -> EpochOrder:
+        with self._cond:
+            order = self._orders.get((epoch, seed))
+            if order is None:
+                order = EpochOrder(self._rows, self._fingerprint, seed, epoch, self.options)
+                self._orders = {**dict(list(self._orders.items())[-1:]), (epoch, seed): order}
+            return order
+
+    def _victim(self, keep: set[_Key], key: _Key) -> _Round | None:
+        idle = [r for r in self._rounds.values()
+                if r.ready and not r.readers and r.key not in keep]
+        if not idle:
+            return None
+        other = [r for r in idle if r.key[:2] != key[:2]]
+        before = [r for r in idle if r.key[:2] == key[:2] and r.key[2] < key[2]]
+        if other or before:
+            return (other or sorted(before, key=lambda r: r.key[2]))[0]
+        return max(idle, key=lambda r: r.key[2])
+
+    def _claim(self, key: _Key, keep: set[_Key], wait: bool) -> _Round | None:
+        """Under the lock: a new round for ``key`` with a buffer, evicting an idle round if
+        all buffers are in use; ``None`` when none can be had and ``wait`` is false."""
+        while True:
+            if self._free:
+                buffer = self._free.pop()
+            elif self._buffers < self._capacity:
+                self._buffers += 1
+                buffer = np.empty(0, dtype=np.uint8)  # allocated outside the lock
+            else:
+                victim = self._victim(keep, key)
+                if victim is None:
+                    if not wait:
+                        return None
+                    self._cond.wait()
+                    if key in self._rounds:
+                        return None
+                    continue
+                del self._rounds[victim.key]
+                buffer = victim.buffer
+            r = self._rounds[key] = _Round(key, buffer)
+            return r
+
+    def _ensure(self, order: EpochOrder, key: _Key, keep: set[_Key], wait: bool = True) -> None:
+        with self._cond:
+            while True:
+                r = self._rounds.get(key)
+                if r is None:
+                    r = self._claim(key, keep, wait)
+                    if r is None:
+                        if not wait:
+                            return
+                        continue
+                    break
+                if r.ready:
+                    return
+                if r.error is not None:  # staging it ahead failed: that error, for this batch
+                    del self._rounds[key]
+                    raise r.error
+                if not wait:
+                    return
+                self._cond.wait()
+        try:
+            self._build(order, r)
+        except BaseException as exc:
+            with self._cond:
+                self._free.append(r.buffer)
+                if wait:
+                    self._rounds.pop(key, None)
+                else:  # staged ahead: the batch that needs the round raises this error
+                    r.error = exc
+                self._cond.notify_all()
+            if wait:
+                raise
+        with self._cond:
+            r.ready = True
+            self._cond.notify_all()
+
+    def _build(self, order: EpochOrder, r: _Round) -> None:
+        gid, length = order.block_ranges(r.key[2], self.rank, self.world_size)
+        shard = np.searchsorted(self._starts, gid, side="right") - 1
+        dest0 = np.cumsum(length) - length
+        per_shard = []
+        for s in np.unique(shard).tolist():
+            sel = np.flatnonzero(shard == s)
+            first = gid[sel] - self._starts[s]
+            per_shard.append((s, first, first + length[sel], dest0[sel]))
+        # the first shard opened fixes the layout; later ones open one at a time, so a small
+        # cache limit suffices
+        first_runs = list(self._runs_of(*per_shard[0])) if per_shard else []
+        layout = self.layout
+        if layout is None:  # no output fits a record (e.g. only images): nothing to stage
+            r.index(gid[:0], length[:0], 0)
+            return
+        total = int(length.sum())
+        capacity = -(-self.options.partitions // self.world_size) * self.options.block_size
+        if r.buffer.size < max(total, capacity) * layout.stride:
+            r.buffer = _allocate(max(total, capacity), layout.stride, np.dtype(np.uint8))
+        rec = r.buffer.reshape(-1, layout.stride)
+        fields = [f for f in layout.fields if f.name not in self._misfit_fields]
+        for i, args in enumerate(per_shard):
+            for run in first_runs if i == 0 else self._runs_of(*args):
+                _copy(rec, fields, *run)
+        r.index(gid, length, layout.stride)
+        self.staged_rows += total
+        self.rounds_staged += 1
+
+    def _prefetch(self, order: EpochOrder, key: _Key, keep: set[_Key]) -> None:
+        if key[2] >= order.blocks_per_partition():
+            return
+        with self._cond:
+            if key in self._rounds:
+                return
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="stoker-staging")
+            pool = self._pool
+        pool.submit(self._background, order, key, keep)
+
+    def _background(self, order: EpochOrder, key: _Key, keep: set[_Key]) -> None:
+        if not self._closed:
+            self._ensure(order, key, keep, wait=False)  # an error is kept in the round
+
+    # -- batches ------------------------------------------------------------------------------
+    def gather(self, ids: np.ndarray, slot: Slot, epoch: int,
+               seed: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Write the staged fields of batch ``ids`` into ``slot``: ``(outputs, missing)``,
+        ``missing`` the batch rows not served (fields whose list width differs in some shard
+        are left out of ``outputs`` altogether)."""
+        self._check_process()
+        order = self.order(epoch, seed)
+        # ids come in position order and a batch's positions are consecutive: its blocks are
+        # those from its first id's to its last id's
+        first, last = order.block_of(ids[[0, -1]]).tolist()
+        keys = [(epoch, seed, b) for b in range(first, last + 1)]
+        rounds = self._hold(order, keys)
+        try:
+            outputs, missing = self._read(ids, rounds, slot)
+        finally:
+            with self._cond:
+                for r in rounds:
+                    r.readers -= 1
+                self._cond.notify_all()
+        if self._ahead and self.stage_ahead:
+            nxt = (epoch, seed, keys[-1][2] + 1)
+            self._prefetch(order, nxt, set(keys) | {nxt})
+        return outputs, missing
+
+    def _hold(self, order: EpochOrder, keys: list[_Key]) -> list[_Round]:
+        keep = set(keys)
+        while True:
+            for key in keys:
+                self._ensure(order, key, keep)
+            with self._cond:
+                rounds = [self._rounds.get(key) for key in keys]
+                if all(r is not None and r.ready for r in rounds):
+                    for r in rounds:
+                        r.readers += 1  # type: ignore[union-attr]
+                    return rounds  # type: ignore[return-value]
+
+    def _read(self, ids: np.ndarray, rounds: list[_Round],
+              slot: Slot) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        layout = self.layout
+        assert layout is not None  # noqa: S101 - rounds exist only with a layout
+        fields = self.fields
+        n = len(ids)
+        if len(rounds) == 1:
+            starts, addrs = rounds[0].table
+        else:
+            starts = np.concatenate([r.starts for r in rounds])
+            addrs = np.concatenate([r.addrs for r in rounds])
+            o = np.lexsort((addrs != 0, starts))  # a run's start sorts after an equal gap end
+            starts = np.concatenate([[0], starts[o], [_END]])
+            addrs = np.concatenate([[0], addrs[o], [0]])
+        arrays = {f.name: slot.array(f.name, (n, f.width), f.dtype) for f in fields}
+        outs = [arrays[f.name].view(np.uint8) for f in fields]
+        missing = np.empty(n, dtype=np.int64)
+        if fields:
+            m, _ = _gather(ids, starts, addrs, layout.stride,
+                    np.array([f.offset for f in fields], dtype=np.int64),
+                    np.array([f.nbytes for f in fields], dtype=np.int64),
+                    np.array([o.__array_interface__["data"][0] for o in outs], dtype=np.int64),
+                    np.array([o.strides[0] for o in outs], dtype=np.int64), missing,
+                    np.zeros(len(starts), dtype=np.int64), 1, np.empty(n, dtype=np.int64))
+            return arrays, missing[:m]  # none unless a round lacks an id: the column path
+        return arrays, np.arange(n, dtype=np.int64)
+
+    def close(self) -> None:
+        """Stop staging ahead; buffers are freed with the stager."""
+        self._closed = True
+        with self._cond:
+            pool, self._pool = self._pool, None
+        if pool is not None and self._pid == os.getpid():
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _copy(rec: np.ndarray, fields: Sequence[Field], d: ShardData, first: np.ndarray,
+          end: np.ndarray, dest: np.ndarray) -> None:
+    """Rows ``first[i]:end[i]`` of ``d`` -> records ``dest[i]...`` of ``rec``, every field."""
+    lists = []
+    for f in fields:
+        view = rec[:, f.offset:f.offset + f.nbytes].view(f.dtype)
+        if f.kind == "list":
+            lists.append((f, view))
+        else:
+            k.copy_ranges(d.views, d.matrix_meta(f.columns), d.starts, first, end, dest, _TILE,
+                          view)
+    if lists:
+        n = end - first
+        rows = np.repeat(first, n) + _ramp(n)
+        to = np.repeat(dest, n) + _ramp(n)
+        chunk = np.searchsorted(d.starts, rows, side="right") - 1
+        for f, view in lists:
+            k.gather_list(d.views, d.meta[f.name], chunk, rows - d.starts[chunk], to, view)
+
+
+def _ramp(n: np.ndarray) -> np.ndarray:
+    """``[0, 1, ..., n[0]-1, 0, 1, ..., n[1]-1, ...]``."""
+    total = int(n.sum())
+    return np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)

@@ -1,0 +1,319 @@
+"""Worker processes, for Python code that holds the GIL (split from ``workers.py``).
+
+Each worker is a torch worker process (``stoker.loader.workers.info``): its own copy of the
+dataset, one intra-op thread, torch's seeding, ``get_worker_info()``. Work is handed out by
+the consumer and results come back by sequence number, as for threads.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import pickle
+import signal
+import threading
+import time
+from typing import Any, Sequence
+
+import multiprocessing.connection as mp_connection
+from multiprocessing.reduction import ForkingPickler
+
+import torch.multiprocessing as tmp
+
+from stoker.loader.errors import LoaderTimeoutError, WorkerError
+from stoker.loader.workers.failure import WorkerFailure
+from stoker.loader.workers.info import WorkerContext
+from stoker.loader.workers.pool import (INIT, Task, WorkerPool, WorkerSetup, batch_name,
+                                   drop_stale, first_ready, late, run_init, run_task)
+
+__all__ = ["ProcessPool"]
+
+log = logging.getLogger("stoker.loader")
+
+_POLL = 0.05
+_PER_WORKER = 2  # batches handed to one worker process at a time
+_MAX_TRIES = 3  # workers that may die on one batch before it is an error
+_WATCH = 5.0  # seconds between a waiting worker's checks that its consumer is alive
+
+
+def _process_main(fn: Task, tasks: Any, results: Any, context: WorkerContext,
+                  init: Any) -> None:
+    context.enter()
+    where = f"worker process {context.id} (pid {os.getpid()})"
+    failure = run_init(context, init, where, local=False)
+    if failure is not None:
+        results.send((INIT, failure))
+        return
+    parent = os.getppid()
+    while True:
+        try:
+            if not tasks.poll(_WATCH):
+                if os.getppid() != parent:  # the consumer died (torch's ManagerWatchdog)
+                    return
+                continue
+            item = tasks.recv()
+        except (EOFError, OSError):  # the pool went away
+            return
+        if item is None:
+            return
+        seq, payload = item
+        results.send((seq, run_task(fn, payload, where, local=False)))
+
+
+class _Proc:
+    """One worker process with its own task pipe and result pipe.
+
+    Private pipes (no locks shared between workers) mean a worker killed at any instant can
+    corrupt nothing but its own pipes, which are thrown away with it.
+    """
+
+    __slots__ = ("index", "process", "results", "taken", "tasks")
+
+    def __init__(self, ctx: Any, index: int, fn: Task, setup: WorkerSetup) -> None:
+        task_r, self.tasks = ctx.Pipe(duplex=False)
+        self.results, result_w = ctx.Pipe(duplex=False)
+        self.index = index
+        self.taken: dict[Any, Any] = {}  # seq -> payload sent to this worker, not yet answered
+        self.process = ctx.Process(target=_process_main, name=f"stoker-worker-{index}",
+                                   daemon=True, args=(fn, task_r, result_w,
+                                                      setup.context(index, "process"),
+                                                      setup.init))
+        self.process.start()
+        task_r.close()
+        result_w.close()
+
+    def stop(self, wait: float) -> None:
+        try:
+            self.tasks.send(None)
+        except (OSError, ValueError):
+            pass
+        p = self.process
+        p.join(timeout=wait)
+        if p.is_alive():
+            p.terminate()
+            p.join(timeout=2)
+        if p.is_alive():
+            p.kill()
+            p.join()
+        for conn in (self.tasks, self.results):
+            conn.close()
+        p.close()  # its sentinel pipes now, not whenever the Process object is collected
+
+
+def _context(mp_context: Any) -> Any:
+    """A multiprocessing context from ``multiprocessing_context`` (a start method or a
+    context object, validated by the DataLoader as torch does); ``fork`` on POSIX by default."""
+    if mp_context is None:
+        return tmp.get_context("fork" if os.name == "posix" else "spawn")
+    return tmp.get_context(mp_context) if isinstance(mp_context, str) else mp_context
+
+
+def _death(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "unknown signal"
+        return f"was killed by signal {-code} ({name})"
+    return f"exited unexpectedly with exit code {code}"
+
+
+class ProcessPool(WorkerPool):
+    """Worker processes, for Python transforms and datasets that hold the GIL.
+
+    Started with ``multiprocessing_context`` (default ``fork`` on Linux, as torch does), so
+    the dataset need not be picklable; tensors travel through torch's shared memory. The
+    consumer hands each worker at most ``_PER_WORKER`` batches at a time and remembers them:
+    a worker that dies (killed, out of memory, a crash in native code) is started again and
+    its batches are handed out again, so the sequence continues exactly. A batch whose
+    worker dies ``_MAX_TRIES`` times is a :class:`WorkerError` (a ``RuntimeError``) naming
+    the batch, the worker's pid and the signal.
+    """
+
+    def __init__(self, fn: Task, setup: WorkerSetup) -> None:
+        self._ctx = _context(setup.mp_context)
+        self._fn, self._setup = fn, setup
+        self.num_workers = setup.num_workers
+        self._backlog: collections.deque[tuple[Any, Any]] = collections.deque()
+        self._targets: dict[Any, int] = {}  # seq -> its worker, in a targeted pool
+        self._results: dict[Any, Any] = {}
+        self._tries: dict[Any, int] = {}
+        self._restarts: list[dict[str, Any]] = []
+        self.restarts = 0
+        self._timeout: float | None = None
+        self._closed = False
+        self._workers = [_Proc(self._ctx, i, fn, setup) for i in range(setup.num_workers)]
+
+    @property
+    def pids(self) -> list[int]:
+        return [] if self._closed else [w.process.pid for w in self._workers]
+
+    def take_restarts(self) -> list[dict[str, Any]]:
+        out, self._restarts = self._restarts, []
+        return out
+
+    def submit(self, seq: Any, payload: Any, worker: int | None = None) -> None:
+        self._backlog.append((seq, payload))
+        if worker is not None:
+            self._targets[seq] = worker
+        self._dispatch()
+
+    def _send(self, w: _Proc, seq: Any, payload: Any) -> bool:
+        w.taken[seq] = payload
+        try:
+            w.tasks.send((seq, payload))
+        except OSError:  # died meanwhile: _restart hands the batch out again (or raises)
+            return False
+        return True
+
+    def _dispatch(self) -> None:
+        if self._setup.targeted:  # each task to its worker, each worker's tasks in order
+            for _ in range(len(self._backlog)):
+                seq, payload = self._backlog.popleft()
+                w = self._workers[self._targets[seq]]
+                if len(w.taken) >= _PER_WORKER:
+                    self._backlog.append((seq, payload))
+                else:
+                    self._send(w, seq, payload)
+            return
+        for w in self._workers:
+            while self._backlog and len(w.taken) < _PER_WORKER:
+                if not self._send(w, *self._backlog.popleft()):
+                    break
+
+    def _receive(self, w: _Proc, current: Any, deadline: float | None) -> None:
+        """Read one result of ``w`` (data or EOF is ready)."""
+        try:
+            key, value = _loads(w.results.recv_bytes(), deadline,
+                                late(current, self._timeout) + " (a worker stopped while "
+                                "handing over a batch)")
+        except LoaderTimeoutError:
+            raise
+        except (EOFError, OSError, RuntimeError, pickle.UnpicklingError):
+            # EOF, or a dead sender's shared tensor (torch: RuntimeError): restart it
+            if w.process.exitcode is None:
+                w.process.kill()
+                w.process.join()
+            self._restart(w)
+            return
+        w.taken.pop(key, None)
+        if key == INIT:
+            value.reraise("its first batch (in worker_init_fn)")
+        if isinstance(key, tuple) and isinstance(current, tuple) and key[0] < current[0]:
+            return  # an abandoned iteration's batch
+        self._results[key] = value
+
+    def _restart(self, w: _Proc) -> None:
+        code, pid = w.process.exitcode, w.process.pid
+        lost = list(w.taken.items())
+        if self._setup.targeted:  # its iterator and position died with it
+            raise WorkerError(f"DataLoader worker process {w.index} (pid {pid}) {_death(code)}; "
+                              "its IterableDataset iterator died with it, so the epoch cannot "
+                              "continue exactly. Fix the cause and re-create the iterator.")
+        for seq, _ in lost:
+            self._tries[seq] = self._tries.get(seq, 0) + 1
+            if self._tries[seq] >= _MAX_TRIES:
+                raise WorkerError(f"DataLoader worker process {w.index} (pid {pid}) "
+                                  f"{_death(code)} producing {batch_name(seq)}; "
+                                  f"{self._tries[seq]} workers have died on it, so the batch kills "
+                                  "its worker (a crash in a transform or native code?). No "
+                                  "batch was skipped: fix the cause and re-create the iterator.")
+        log.warning("DataLoader worker process %d (pid %s) %s; restarting it and handing out "
+                    "its %d batches again", w.index, pid, _death(code), len(lost))
+        w.stop(wait=0)
+        _remove_shm_of(pid)
+        self._workers[w.index] = _Proc(self._ctx, w.index, self._fn, self._setup)
+        self._backlog.extendleft(reversed(lost))  # first in line, in order
+        self.restarts += 1
+        self._restarts.append({"worker": w.index, "exitcode": code,
+                               "batches": [list(s) if isinstance(s, tuple) else s for s, _ in lost]})
+
+    def _poll(self, current: Any, deadline: float | None) -> None:
+        self._dispatch()
+        by_conn = {w.results: w for w in self._workers}
+        for conn in mp_connection.wait(list(by_conn), timeout=_POLL):
+            self._receive(by_conn[conn], current, deadline)  # type: ignore[index]
+        for w in list(self._workers):
+            if w.process.exitcode is not None and self._workers[w.index] is w:
+                while w.results.poll(0):  # what it sent before dying is still good
+                    self._receive(w, current, deadline)
+                    if self._workers[w.index] is not w:
+                        break
+                if self._workers[w.index] is w:
+                    self._restart(w)
+
+    def get_any(self, seqs: Sequence[Any], timeout: float | None = None) -> tuple[Any, Any]:
+        deadline = None if not timeout else time.monotonic() + timeout
+        self._timeout = timeout
+        drop_stale(self._results, seqs[0])
+        while (seq := first_ready(self._results, seqs)) is None:
+            self._poll(seqs[0], deadline)
+            if first_ready(self._results, seqs) is None and deadline is not None \
+                    and time.monotonic() > deadline:
+                raise LoaderTimeoutError(late(seqs[0], timeout))
+        out = self._results.pop(seq)
+        self._tries.pop(seq, None)
+        if isinstance(out, WorkerFailure):
+            out.reraise(batch_name(seq))
+        return seq, out
+
+    def discard_pending(self) -> None:
+        self._backlog.clear()
+        self._targets.clear()
+        self._results.clear()
+        self._tries.clear()
+        for w in self._workers:  # still running: their late results are dropped as stale
+            w.taken.clear()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.discard_pending()  # drops the shared-memory tensors of batches never consumed
+        for w in self._workers:
+            w.stop(wait=2)
+
+
+def _remove_shm_of(pid: int | None) -> None:
+    """Remove the shared-memory files a killed worker left in /dev/shm.
+
+    torch names a tensor's segment ``torch_<pid>_...`` and unlinks it right after creating it;
+    a worker killed in between leaves the file behind, and nobody else would remove it.
+    """
+    if pid is None or not os.path.isdir("/dev/shm"):
+        return
+    for name in os.listdir("/dev/shm"):
+        if name.startswith(f"torch_{pid}_"):
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
+
+
+def _loads(raw: bytes, deadline: float | None, message: str) -> Any:
+    """Unpickle a worker's result, within ``deadline`` when one is set.
+
+    Rebuilding a shared-memory tensor asks the sending worker for its file descriptor; a
+    stopped (SIGSTOP) or hung sender would block that forever, so with a ``timeout`` the
+    rebuild runs in a helper thread the consumer stops waiting for.
+    """
+    if deadline is None:
+        return ForkingPickler.loads(raw)
+    box: list[Any] = []
+
+    def load() -> None:
+        try:
+            box.append((True, ForkingPickler.loads(raw)))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer below
+            box.append((False, exc))
+
+    helper = threading.Thread(target=load, name="stoker-unpickle", daemon=True)
+    helper.start()
+    helper.join(max(0.0, deadline - time.monotonic()) + _POLL)
+    if not box:
+        raise LoaderTimeoutError(message)
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
