@@ -37,8 +37,8 @@ import pyarrow.parquet as pq
 from stoker.manifest import hash_file, stoker_version
 from stoker.sharder import shard
 from stoker.sharder.index import index
+from stoker.sharder.sources.tar_layout import _CACHE as _LAYOUTS
 from stoker.sharder.synthetic import write_tabular_parquet
-from stoker.sharder.tar_layout import _CACHE as _LAYOUTS
 
 
 def ceiling(src: Path, out: Path) -> None:

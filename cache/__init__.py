@@ -1,15 +1,17 @@
 """stoker.cache: node-local shard store: fetch once per node, verify, materialise, evict.
 
-``ShardCache`` knows manifests and bytes, never samples. See ``shard_cache.py`` for how
-processes share one cache directory, and ``layout.py`` for what lives where.
+``ShardCache`` knows manifests and bytes, never samples. :mod:`stoker.cache.fetch` gets a
+shard's bytes from any backend; :mod:`stoker.cache.store` keeps them: see
+:mod:`stoker.cache.store.shard_cache` for how processes share one cache directory, and
+:mod:`stoker.cache.store.layout` for what lives where.
 """
 
 from stoker.cache.dataset import default_cache_dir, open_dataset
 from stoker.cache.errors import CacheError, CacheLimitError, RemoteFetchError
-from stoker.cache.retry import RetryPolicy
-from stoker.cache.shard_cache import ShardCache
+from stoker.cache.fetch.retry import RetryPolicy
 from stoker.cache.size import parse_size
 from stoker.cache.stats import CacheStats
+from stoker.cache.store.shard_cache import ShardCache
 
 __all__ = [
     "CacheError",

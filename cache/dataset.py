@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from stoker.cache.shard_cache import ShardCache
+from stoker.cache.store.shard_cache import ShardCache
 from stoker.manifest import Manifest, is_url
 
 __all__ = ["default_cache_dir", "open_dataset"]

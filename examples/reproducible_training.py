@@ -29,8 +29,8 @@ from stoker.loader import DataLoader
 from stoker.sharder import shard
 from stoker.sharder.synthetic import write_tabular_parquet
 from stoker.tools.audit import audit
-from stoker.tools.audit_html import render_html
-from stoker.tools.audit_report import terminal_summary
+from stoker.tools.audit.html import render_html
+from stoker.tools.audit.report import terminal_summary
 
 FEATURES = [f"f{i}" for i in range(16)]
 EPOCHS = 2

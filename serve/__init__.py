@@ -4,7 +4,7 @@ A batch key (``stoker.loader.service.key``) names a batch of a stoker dataset co
 server holds no cursor and any server can answer any key: the catalog turns a key into ids
 (the order) and rows (the dataset's reader), the Flight server streams it with its digests,
 the client (``DataLoader(..., service=[...])``, in stoker.loader) retries, hedges and checks.
-Nothing imports this package but the command line (stoker.tools.cmd_serve).
+Nothing imports this package but the command line (stoker.tools.cli.serve).
 """
 
 from __future__ import annotations

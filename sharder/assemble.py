@@ -8,7 +8,7 @@ from typing import Any, Sequence
 import pyarrow as pa
 
 from stoker.sharder.inputs import InputFile
-from stoker.sharder.readers import RangeReader
+from stoker.sharder.sources.readers import RangeReader
 
 __all__ = ["Piece", "add_partition_columns", "assemble_table"]
 

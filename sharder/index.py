@@ -10,7 +10,7 @@ indexed file must lie under DST.
   columns, their values kept in ``extra.partitions``.
 - ``webdataset-index``: one shard per uncompressed ``.tar``; ``extra.offsets`` holds N+1 byte
   offsets: sample ``i`` is the members in bytes ``[offsets[i], offsets[i+1])``. Columns follow
-  :mod:`stoker.sharder.source_webdataset`. Compressed tars cannot be addressed by offset: shard
+  :mod:`stoker.sharder.sources.webdataset`. Compressed tars cannot be addressed by offset: shard
   them with ``stoker shard`` instead.
 
 Every file's size and xxh3-128 are recorded (``shards[]`` and ``provenance.sources``); the
@@ -33,8 +33,8 @@ from stoker.sharder.executor import Executor, LocalExecutor
 from stoker.sharder.inputs import InputFile, _partitions, detect_format
 from stoker.sharder.options import ShardOptions
 from stoker.sharder.plan import make_plan
-from stoker.sharder.source_webdataset import tar_schema
-from stoker.sharder.tar_layout import tar_layout
+from stoker.sharder.sources.tar_layout import tar_layout
+from stoker.sharder.sources.webdataset import tar_schema
 
 __all__ = ["index"]
 

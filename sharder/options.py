@@ -31,7 +31,7 @@ class ShardOptions:
         format: ``"parquet"``, ``"csv"`` or ``"jsonl"``; ``None`` detects by extension.
         batch_bytes: target uncompressed bytes per record batch.
         token_dtype: ``"uint16"`` or ``"uint32"`` for token files (required for raw ``.bin``).
-        seq_len: tokens per sequence for token files (see stoker.sharder.source_tokens).
+        seq_len: tokens per sequence for token files (see stoker.sharder.sources.tokens).
         on_bad: ``"error"`` (default) or ``"skip"``: image folders only, leave out unreadable
             images and non-image files, listed in the manifest (``provenance.options.skipped``).
     """

@@ -21,8 +21,8 @@ from stoker.sharder.assemble import Piece, add_partition_columns
 from stoker.sharder.errors import SharderError
 from stoker.sharder.inputs import InputFile
 from stoker.sharder.options import ShardOptions
-from stoker.sharder.readers import FileScan, read_head, scan_file
 from stoker.sharder.sources import source_options
+from stoker.sharder.sources.readers import FileScan, read_head, scan_file
 
 __all__ = ["SAMPLE_ROWS", "Plan", "make_plan"]
 

@@ -60,9 +60,9 @@ def shard(src: Source | Sequence[Source], dst: Source, *, rows_per_shard: int | 
         progress: show a progress bar on stderr; ``None`` shows one when stderr is a terminal.
         executor: run tasks on this engine instead of a local pool of ``workers``
             (e.g. ``stoker.sharder.executor_dask.DaskExecutor``).
-        token_dtype, seq_len: for token files (see stoker.sharder.source_tokens).
+        token_dtype, seq_len: for token files (see stoker.sharder.sources.tokens).
         on_bad: ``"error"`` or ``"skip"`` (image folders: unreadable images are left out and
-            listed in the manifest; see stoker.sharder.source_images).
+            listed in the manifest; see stoker.sharder.sources.images).
 
     Raises:
         SharderError: bad or missing input, schema mismatch, no rows, unusable ``dst``,

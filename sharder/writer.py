@@ -18,8 +18,8 @@ import pyarrow as pa
 from stoker.manifest import canonical_json
 from stoker.sharder.assemble import Piece, assemble_table
 from stoker.sharder.atomic import atomic_write, write_bytes_atomic
-from stoker.sharder.readers import RangeReader
 from stoker.sharder.sources import hash_source
+from stoker.sharder.sources.readers import RangeReader
 
 __all__ = ["HashTask", "ShardGroup", "ShardTask", "batch_rows_for", "read_record", "run_task",
            "write_table"]

@@ -24,7 +24,7 @@ from loader_helpers import make_dataset  # noqa: E402
 from stoker.loader import DataLoader  # noqa: E402
 from stoker.loader.ledger.writer import read_ledger  # noqa: E402
 from stoker.tools.audit import audit  # noqa: E402
-from stoker.tools.audit_html import render_html  # noqa: E402
+from stoker.tools.audit.html import render_html  # noqa: E402
 from stoker.tools.cli import main  # noqa: E402
 
 ROWS = [40, 35, 50, 33]

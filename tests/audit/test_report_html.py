@@ -11,7 +11,7 @@ import pytest
 
 from stoker.loader.ledger.writer import LedgerWriter
 from stoker.tools.audit import audit
-from stoker.tools.audit_html import render_html
+from stoker.tools.audit.html import render_html
 
 CHROMIUM = shutil.which("chromium")
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from shard_writer import write_dataset  # noqa: E402
 
 from stoker.cache import ShardCache  # noqa: E402
-from stoker.cache.future import FutureIndex  # noqa: E402
+from stoker.cache.store.future import FutureIndex  # noqa: E402
 from stoker.loader.order.epoch import EpochOrder, OrderOptions  # noqa: E402
 from stoker.loader.order.schedule import BatchPlan, rank_batch_ids  # noqa: E402
 from stoker.manifest import Manifest  # noqa: E402

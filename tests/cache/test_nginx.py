@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from stoker.cache import RetryPolicy, ShardCache
-from stoker.cache.fetch import Job, download
-from stoker.cache.fetch_http import HttpFetcher
+from stoker.cache.fetch.download import Job, download
+from stoker.cache.fetch.http import HttpFetcher
 from stoker.cache.stats import _Counters
 from stoker.manifest import Manifest
 

@@ -71,8 +71,8 @@ def test_corrupt_object_is_an_integrity_error(dataset, s3, tmp_path: Path) -> No
 
 
 def test_resume_against_a_replaced_object_restarts_from_zero(dataset, s3, tmp_path: Path) -> None:
-    from stoker.cache.fetch import Job, download
-    from stoker.cache.fetch_fsspec import FsspecFetcher
+    from stoker.cache.fetch.download import Job, download
+    from stoker.cache.fetch.fsspec import FsspecFetcher
     from stoker.cache.stats import _Counters
 
     root, manifest = dataset(n_shards=1)

@@ -20,7 +20,7 @@ from stoker.manifest import Manifest, ShardIntegrityError, hash_file
 
 FLAKY_RUNS = trials(4, 42)
 DROPS = trials(16, 100)
-CHUNK = 1 << 20  # the HTTP client's read size (stoker.cache.fetch_http._CHUNK)
+CHUNK = 1 << 20  # the HTTP client's read size (stoker.cache.fetch.http._CHUNK)
 KW = dict(batch_size=16, shuffle=True, seed=5)
 MAX_RETRIES = 8
 # Small delays keep the suite fast; jitter 0 makes the exponential growth exact.

@@ -73,11 +73,11 @@ def test_no_relative_imports_that_would_hide_a_crossing() -> None:
 
 @pytest.mark.parametrize("source", [
     "import stoker.sharder",
-    "import stoker.sharder.source_webdataset as w",
-    "from stoker.sharder.source_webdataset import parse_members",
+    "import stoker.sharder.sources.webdataset as w",
+    "from stoker.sharder.sources.webdataset import parse_members",
     "from stoker import sharder",
     "def f():\n    from stoker.sharder import shard\n",
-    "import importlib\nimportlib.import_module('stoker.sharder.tar_layout')",
+    "import importlib\nimportlib.import_module('stoker.sharder.sources.tar_layout')",
 ])
 def test_the_scan_sees_every_form_of_import(source: str) -> None:
     assert violations(source, ("stoker.sharder",))

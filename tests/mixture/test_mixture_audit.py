@@ -12,7 +12,7 @@ from stoker.loader import DataLoader
 from stoker.loader.ledger.writer import LedgerWriter, read_ledger
 from stoker.loader.order.mixture import Mixture
 from stoker.tools.audit import audit
-from stoker.tools.audit_html import render_html
+from stoker.tools.audit.html import render_html
 from stoker.tools.cli import main
 
 SCHEDULE = [(90, {"web": 1, "code": 3, "books": 1})]

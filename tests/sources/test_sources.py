@@ -249,7 +249,7 @@ def test_webdataset_offset_reads_equal_stream_reads(tmp_path: Path) -> None:
 def test_tar_layout_splits_names_like_webdataset() -> None:
     from webdataset import tariterators as wt
 
-    from stoker.sharder.tar_layout import base_plus_ext, is_meta
+    from stoker.sharder.sources.tar_layout import base_plus_ext, is_meta
 
     names = ["a.jpg", "dir/a.b.c", "d.d/x.seg.png", "noext", "dir/", "__meta__", "__key__.txt",
              "x/__y__/z.txt", ".hidden", "a..b", "dir.v1/file", "é/ü.json", "a/b/c.d.e"]

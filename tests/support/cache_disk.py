@@ -1,7 +1,7 @@
 """What a shard cache's directory holds on disk, as any reader of the disk sees it.
 
 Tests that bound a cache's disk use measure it here, independently of the cache's own
-accounting (:mod:`stoker.cache.budget`).
+accounting (:mod:`stoker.cache.store.budget`).
 """
 
 from __future__ import annotations
