@@ -6,12 +6,12 @@ shard's bytes from any backend; :mod:`stoker.cache.store` keeps them: see
 :mod:`stoker.cache.store.layout` for what lives where.
 """
 
-from stoker.cache.dataset import default_cache_dir, open_dataset
+from stoker.cache.dataset import default_cache_dir, open_dataset, open_shard_cache
 from stoker.cache.errors import CacheError, CacheLimitError, RemoteFetchError
 from stoker.cache.fetch.retry import RetryPolicy
-from stoker.cache.size import parse_size
 from stoker.cache.stats import CacheStats
 from stoker.cache.store.shard_cache import ShardCache
+from stoker.manifest import parse_size
 
 __all__ = [
     "CacheError",
@@ -22,5 +22,6 @@ __all__ = [
     "ShardCache",
     "default_cache_dir",
     "open_dataset",
+    "open_shard_cache",
     "parse_size",
 ]

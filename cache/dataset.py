@@ -1,4 +1,5 @@
-"""``open_dataset``: a manifest and, when its shards need one, the cache that serves them."""
+"""Opening a dataset's cache: where it lives by default, the :class:`ShardCache` for a
+manifest, and ``open_dataset`` (a manifest and, when its shards need one, that cache)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any, Mapping
 from stoker.cache.store.shard_cache import ShardCache
 from stoker.manifest import Manifest, is_url
 
-__all__ = ["default_cache_dir", "open_dataset"]
+__all__ = ["default_cache_dir", "open_dataset", "open_shard_cache"]
 
 
 def default_cache_dir() -> str:
@@ -18,6 +19,14 @@ def default_cache_dir() -> str:
         return explicit
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "stoker")
+
+
+def open_shard_cache(manifest: Manifest, cache_dir: str | os.PathLike[str] | None = None,
+                     **options: Any) -> ShardCache:
+    """The :class:`ShardCache` of ``manifest`` in ``cache_dir`` (default
+    :func:`default_cache_dir`); ``options`` are its keyword arguments (``limit``, ...)."""
+    return ShardCache(manifest, cache_dir if cache_dir is not None else default_cache_dir(),
+                      **options)
 
 
 def open_dataset(location: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None,
@@ -40,6 +49,5 @@ def open_dataset(location: str | os.PathLike[str], cache_dir: str | os.PathLike[
     local = not is_url(loc) or loc.startswith("file://")
     if local and manifest.compression == "none" and cache_dir is None:
         return manifest, None
-    cache = ShardCache(manifest, cache_dir if cache_dir is not None else default_cache_dir(),
-                       storage_options=storage_options, **cache_options)
-    return manifest, cache
+    return manifest, open_shard_cache(manifest, cache_dir, storage_options=storage_options,
+                                      **cache_options)

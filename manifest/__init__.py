@@ -15,6 +15,7 @@ from stoker.manifest.manifest import (
 )
 from stoker.manifest.path_rules import check_relative_path, path_problem, resolve_inside
 from stoker.manifest.paths import is_url, join_location, redact_url
+from stoker.manifest.sizes import format_size, parse_size
 from stoker.manifest.version import stoker_version
 from stoker.manifest.webdataset_columns import (
     KEY_COLUMN,
@@ -44,6 +45,7 @@ __all__ = [
     "column_type",
     "compute_fingerprint",
     "describe_schema",
+    "format_size",
     "hash_bytes",
     "hash_file",
     "hash_stream",
@@ -51,6 +53,7 @@ __all__ = [
     "is_url",
     "join_location",
     "parse_members",
+    "parse_size",
     "path_problem",
     "redact_url",
     "resolve_inside",

@@ -4,11 +4,11 @@ Plan, then execute: :func:`shard` decides everything from the inputs and options
 then writes every shard independently, so the output is byte-identical for any worker count.
 """
 
+from stoker.manifest import format_size, parse_size
 from stoker.sharder.errors import ShardOptionsError, SharderError
 from stoker.sharder.executor import Executor, LocalExecutor
 from stoker.sharder.options import BATCH_BYTES, DEFAULT_SHARD_SIZE, ShardOptions
 from stoker.sharder.sharding import shard
-from stoker.sharder.sizes import format_size, parse_size
 
 __all__ = [
     "BATCH_BYTES",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stoker.manifest import parse_size
 from stoker.sharder.errors import ShardOptionsError
-from stoker.sharder.sizes import parse_size
 
 __all__ = ["BATCH_BYTES", "DEFAULT_SHARD_SIZE", "FORMATS", "ShardOptions"]
 
@@ -57,7 +57,7 @@ class ShardOptions:
             raise ShardOptionsError(f"rows_per_shard={self.rows_per_shard!r} must be a "
                                     "positive integer, e.g. 100000.")
         if self.shard_size is not None:
-            object.__setattr__(self, "shard_size", parse_size(self.shard_size))
+            object.__setattr__(self, "shard_size", _shard_bytes(self.shard_size))
         if self.compression not in _COMPRESSIONS:
             raise ShardOptionsError(f"compression={self.compression!r} is not supported; "
                                     f"use one of {', '.join(_COMPRESSIONS)}.")
@@ -92,3 +92,23 @@ class ShardOptions:
     def target_shard_bytes(self) -> int:
         """The byte target used when ``rows_per_shard`` is not given."""
         return int(self.shard_size) if self.shard_size is not None else DEFAULT_SHARD_SIZE
+
+
+def _shard_bytes(text: str | int) -> int:
+    """``shard_size`` in bytes: a positive int, or a size such as ``256MB`` or ``64MiB``.
+
+    Raises:
+        ShardOptionsError: ``text`` is not a positive byte size (bad usage, CLI exit 2).
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        try:
+            value = parse_size(str(text))
+        except ValueError:
+            raise ShardOptionsError(
+                f"size {text!r} is not a byte size; write a number with an optional unit, "
+                "e.g. 256MB, 64MiB, 1GB or 1048576.") from None
+    if value <= 0:
+        raise ShardOptionsError(f"size {text!r} must be at least 1 byte, e.g. 256MB.")
+    return value

@@ -11,8 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from stoker.cache.errors import CacheLimitError
-from stoker.cache.size import parse_size
-from stoker.manifest import Manifest
+from stoker.manifest import Manifest, parse_size
 
 __all__ = ["check_limits"]
 

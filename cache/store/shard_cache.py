@@ -42,7 +42,6 @@ from stoker.cache.errors import CacheError
 from stoker.cache.fetch.backends import fetcher_for
 from stoker.cache.fetch.retry import RetryPolicy
 from stoker.cache.lock import FileLock
-from stoker.cache.size import parse_size
 from stoker.cache.stats import CacheStats, _Counters
 from stoker.cache.store.budget import Budget, CommittedFile
 from stoker.cache.store.eviction import POLICIES, rank_victims
@@ -54,7 +53,7 @@ from stoker.cache.store.prefetch import Prefetcher
 from stoker.cache.store.redact import Scrubber
 from stoker.cache.store.repair import repair
 from stoker.cache.store.trust import FileTrust
-from stoker.manifest import Manifest
+from stoker.manifest import Manifest, parse_size
 
 __all__ = ["ShardCache"]
 

@@ -1,10 +1,14 @@
-"""Byte sizes written the way people write them: ``"50GB"``, ``"512 MiB"``, ``10**9``."""
+"""Byte sizes written the way people write them (``"50GB"``, ``"512 MiB"``, ``10**9``), both ways.
+
+One parser for every option that takes a size (the cache's ``limit``, the sharder's
+``shard_size``, the loader's ``cache_limit``); each caller words its own errors if it must.
+"""
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["parse_size"]
+__all__ = ["format_size", "parse_size"]
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
           "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50,
@@ -33,3 +37,12 @@ def parse_size(value: int | str, name: str = "size") -> int:
             return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
     raise ValueError(f"{name} must be a byte count or a string like '50GB' or '512MiB', "
                      f"got {value!r}.")
+
+
+def format_size(n: float) -> str:
+    """``n`` bytes for humans, decimal units (``1.23 GB``)."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    return f"{n:.2f} TB"  # pragma: no cover - loop always returns
