@@ -148,6 +148,7 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         service: Sequence[str] | Any = None,
     ) -> None:
         check_worker_args(num_workers, timeout, prefetch_factor, persistent_workers)
+        warmup.prime()  # Numba's start-up runs while the caller builds its model (not at import)
         self.num_workers = num_workers
         self.multiprocessing_context = multiprocessing_context  # torch's property validates
         check_sampling_args(isinstance(dataset, IterableDataset), batch_size, shuffle, sampler,
@@ -453,5 +454,3 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         if not sys.is_finalizing() and hasattr(self, "_transfer"):  # built fully, not at exit
             self.close()
 
-
-warmup.prime()  # Numba's one-time start-up runs while the caller builds its model

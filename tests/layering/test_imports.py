@@ -96,3 +96,38 @@ def test_the_scan_sees_every_form_of_import(source: str) -> None:
 ])
 def test_the_scan_does_not_flag_other_names(source: str) -> None:
     assert violations(source, ("stoker.sharder",)) == []
+
+
+# loader's sub-packages, bottom up: jit <- order <- fastpath <- read <- DataLoader (the
+# modules directly in loader/ and service/); workers and ledger beside. A sub-package may
+# import the ones below it and the shared leaves loader.errors and loader.fallbacks.
+_LOADER_TOP = ("args", "dataloader", "distributed", "epoch_iter", "iterable", "loader_state",
+               "loader_world", "run_ledger", "samplers", "state", "stats", "transfer")
+_ABOVE = {
+    # jit's warm-up still imports order and fastpath inside its plan warm-ups (issue 13 note)
+    "jit": ("read", "workers", "ledger", "service"),
+    "order": ("fastpath", "read", "workers", "ledger", "service"),
+    "fastpath": ("read", "workers", "ledger", "service"),
+    "workers": ("fastpath", "read", "ledger", "service"),
+    "ledger": ("jit", "order", "fastpath", "read", "workers", "service"),
+    "read": ("ledger", "service"),
+}
+LOADER_FORBIDDEN = {pkg: tuple(f"stoker.loader.{m}" for m in (*above, *_LOADER_TOP))
+                    + (("torch",) if pkg == "order" else ())
+                    for pkg, above in _ABOVE.items()}
+
+
+@pytest.mark.parametrize("package", sorted(LOADER_FORBIDDEN))
+def test_loader_sub_packages_import_only_downwards(package: str) -> None:
+    files = sorted((ROOT / "loader" / package).glob("*.py"))
+    assert files, f"no sources under loader/{package}"
+    bad = {str(p.relative_to(ROOT)): v for p in files
+           if (v := violations(p.read_text(encoding="utf-8"), LOADER_FORBIDDEN[package]))}
+    assert bad == {}
+
+
+def test_no_library_folder_holds_more_than_15_modules() -> None:
+    for folder in ("loader", "cache", "sharder", "tools", "manifest", "serve",
+                   *(str(p.relative_to(ROOT)) for p in (ROOT / "loader").iterdir()
+                     if (p / "__init__.py").exists())):
+        assert len(list((ROOT / folder).glob("*.py"))) <= 15, folder
