@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importli
 
 from fastpath_helpers import random_array  # noqa: E402
 
-from stoker.loader import DataLoader, warmup  # noqa: E402
+from stoker.loader import DataLoader  # noqa: E402
+from stoker.loader.jit import warmup  # noqa: E402
 
 from stoker.loader.fastpath import kernels
 

@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importli
 
 from fastpath_helpers import random_array, write_dataset  # noqa: E402
 
-from stoker.loader import DataLoader, rowmajor  # noqa: E402
+from stoker.loader import DataLoader  # noqa: E402
+from stoker.loader.fastpath import rowmajor  # noqa: E402
 from stoker.loader.read.arrow import ArrowSource  # noqa: E402
 from stoker.manifest import Manifest  # noqa: E402
 
