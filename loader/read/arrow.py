@@ -38,13 +38,27 @@ from stoker.loader.read.staging import Stager
 from stoker.manifest import (Manifest, ManifestError, ShardIntegrityError, StokerError,
                              redact_url, resolve_inside)
 
-__all__ = ["ArrowSource", "ShardOpener"]
+__all__ = ["ArrowSource", "ShardOpener", "check_column_names"]
 
 logger = logging.getLogger(__name__)
 
 # Opens shard `index` and yields a local path that stays valid inside the context.
 ShardOpener = Callable[[int], AbstractContextManager[str]]
 
+
+
+def check_column_names(manifest: Manifest, columns: Sequence[str] | None,
+                       features: Sequence[str] | None,
+                       categoricals: Sequence[str] | None) -> None:
+    """Raise :class:`ManifestError` naming the argument and the first column the dataset
+    does not have."""
+    names = manifest.arrow_schema.names
+    for what, given in (("columns", columns), ("features", features),
+                        ("categoricals", categoricals)):
+        unknown = [c for c in (given or ()) if c not in names]
+        if unknown:
+            raise ManifestError(f"{what}={list(given or ())!r}: no column named "
+                                f"{unknown[0]!r} in this dataset; its columns are {names}.")
 
 class ArrowSource:
     """Batches of a stoker dataset, as dicts of column name -> tensor (or list).
@@ -93,13 +107,8 @@ class ArrowSource:
                  fast: bool = True, ring_depth: int = 8, pin: bool = False,
                  image: ImageOptions | None = None, row_major: bool | str = "auto",
                  row_major_dir: str | None = None) -> None:
+        check_column_names(manifest, columns, features, categoricals)
         names = manifest.arrow_schema.names
-        for what, given in (("columns", columns), ("features", features),
-                            ("categoricals", categoricals)):
-            unknown = [c for c in (given or ()) if c not in names]
-            if unknown:
-                raise ManifestError(f"{what}={list(given or ())!r}: no column named "
-                                    f"{unknown[0]!r} in this dataset; its columns are {names}.")
         self.manifest = manifest
         self.fingerprint = manifest.fingerprint
         self.shard_rows = manifest.shard_rows

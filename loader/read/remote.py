@@ -42,16 +42,15 @@ def open_cache(manifest: Manifest, cache_dir: str | os.PathLike[str] | None,
     ``cache_options`` are further :class:`~stoker.cache.ShardCache` keyword arguments
     (``retry``, ``inflight_allowance``, ``prefetch_workers``, ...).
     """
-    from stoker.cache import ShardCache, default_cache_dir
+    from stoker.cache import open_shard_cache
 
     extra = dict(cache_options or {})
     clash = {"limit", "storage_options", "max_pinned"} & set(extra)
     if clash:
         raise ValueError(f"cache_options may not set {sorted(clash)}: pass cache_limit= and "
                          "storage_options= to the DataLoader (max_pinned follows the reader).")
-    cache = ShardCache(manifest, cache_dir if cache_dir is not None else default_cache_dir(),
-                       limit=cache_limit, storage_options=storage_options, max_pinned=max_open,
-                       **extra)
+    cache = open_shard_cache(manifest, cache_dir, limit=cache_limit,
+                             storage_options=storage_options, max_pinned=max_open, **extra)
     return cache, _Opener(cache)
 
 

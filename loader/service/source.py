@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from stoker.loader.ledger.digest import content_header
 from stoker.loader.fastpath.images import ImageOptions
+from stoker.loader.read.arrow import check_column_names
 from stoker.loader.service.client import ServiceClient
 from stoker.loader.service.options import Service
 from stoker.manifest import Manifest, ManifestError
@@ -32,13 +33,8 @@ class ServiceSource:
                  columns: Sequence[str] | None = None, features: Sequence[str] | None = None,
                  categoricals: Sequence[str] | None = None,
                  image: ImageOptions | None = None) -> None:
+        check_column_names(manifest, columns, features, categoricals)
         names = manifest.arrow_schema.names
-        for what, given in (("columns", columns), ("features", features),
-                            ("categoricals", categoricals)):
-            unknown = [c for c in (given or ()) if c not in names]
-            if unknown:
-                raise ManifestError(f"{what}={list(given or ())!r}: no column named "
-                                    f"{unknown[0]!r} in this dataset; its columns are {names}.")
         if image is not None and image.column not in names:
             raise ManifestError(f"image column {image.column!r} is not in this dataset; "
                                 f"its columns are {names}.")
