@@ -9,18 +9,27 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["DataLoader", "ImageOptions", "LoaderError", "LoaderTimeoutError", "Mixture",
-           "MixtureError", "StateError", "WorkerError"]
+__all__ = ["CacheOptions", "DataLoader", "ImageOptions", "LedgerOptions", "LoaderError",
+           "LoaderTimeoutError", "Mixture", "MixtureError", "OptionsError", "ReadOptions",
+           "ShuffleOptions", "StateError", "StokerDeprecationWarning", "WorkerError",
+           "WorkerOptions"]
 
 _WHERE = {
+    "CacheOptions": "stoker.loader.options",
     "DataLoader": "stoker.loader.dataloader",
     "ImageOptions": "stoker.loader.fastpath.images",
+    "LedgerOptions": "stoker.loader.options",
     "LoaderError": "stoker.loader.errors",
     "LoaderTimeoutError": "stoker.loader.errors",
     "Mixture": "stoker.loader.order.mixture",
     "MixtureError": "stoker.loader.order.mixture",
+    "OptionsError": "stoker.loader.errors",
+    "ReadOptions": "stoker.loader.options",
+    "ShuffleOptions": "stoker.loader.options",
     "StateError": "stoker.loader.errors",
+    "StokerDeprecationWarning": "stoker.loader.options",
     "WorkerError": "stoker.loader.errors",
+    "WorkerOptions": "stoker.loader.options",
 }
 
 

@@ -8,8 +8,7 @@ from typing import Any
 
 from stoker.manifest import Manifest, ManifestError
 
-__all__ = ["check_local_shards", "check_sampling_args", "check_worker_args", "check_worker_mode",
-           "is_remote"]
+__all__ = ["check_local_shards", "check_sampling_args", "check_worker_args", "is_remote"]
 
 
 def check_worker_args(num_workers: int, timeout: float, prefetch_factor: int | None,
@@ -56,16 +55,6 @@ def check_sampling_args(iterable: bool, batch_size: int | None, shuffle: bool | 
     elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError("batch_size should be a positive integer value, but got "
                          f"batch_size={batch_size}")
-
-
-def check_worker_mode(mode: str | None, generic: bool) -> str:
-    """The worker mode to use: ``mode``, else processes for a generic (map-style or iterable)
-    torch dataset and threads for a stoker dataset (see the README's "Worker modes")."""
-    if mode is None:
-        return "process" if generic else "thread"
-    if mode not in ("thread", "process"):
-        raise ValueError(f"worker_mode={mode!r} is not supported; use 'thread' or 'process'")
-    return mode
 
 
 def check_local_shards(manifest: Manifest) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, Sampler
@@ -26,16 +26,17 @@ from torch.utils.data.dataloader import _InfiniteConstantSampler
 
 from stoker.loader.jit import warmup
 from stoker.loader.args import (check_local_shards, check_sampling_args, check_worker_args,
-                                check_worker_mode, is_remote)
+                                is_remote)
 from stoker.loader.distributed import resolve_world
 from stoker.loader.ledger.digest import content_header
 from stoker.loader.read.arrow import ArrowSource
 from stoker.loader.epoch_iter import BatchTask, EpochIterator
 from stoker.loader.fallbacks import FallbackAccount
-from stoker.loader.fastpath.images import ImageOptions
 from stoker.loader.iterable import IterableEpoch, IterableSource, IterableTask
 from stoker.loader.loader_state import Resumable
 from stoker.loader.loader_world import WorldPlan
+from stoker.loader.options import (CacheOptions, LedgerOptions, ReadOptions, ShuffleOptions,
+                                   WorkerOptions, resolve_options)
 from stoker.loader.order.mixture import Mixture
 from stoker.loader.read.mixture import MixtureSource, check_columns, is_mixture
 from stoker.loader.order.epoch import OrderOptions
@@ -60,39 +61,23 @@ T_co = TypeVar("T_co", covariant=True)
 class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
     """Iterable over batches, accepting ``torch.utils.data.DataLoader``'s arguments.
 
-    Args beyond torch's:
+    Args beyond torch's (ten; the rest are option objects, see ``stoker.loader.options``):
+        shuffle: torch's flag, or a ``ShuffleOptions`` (shuffle, with those order options).
         seed: the order seed; default drawn from ``generator`` or torch's global RNG (recorded).
         columns: columns to read from a stoker dataset (default all).
-        features: numeric columns stacked into ``batch["features"]``, float32 ``[B, K]``.
-        categoricals: integer or dictionary columns stacked into ``batch["categoricals"]``,
-            int64 ``[B, C]`` (nulls -> 0).
-        image: ``ImageOptions``: decode (and augment) a binary column into ``[B, H, W, 3]``.
         transform: a function applied to each whole batch inside the workers.
         rank, world_size: default resolved when iteration starts: torch.distributed's process
             group, else RANK (or LOCAL_RANK + NODE_RANK * LOCAL_WORLD_SIZE) / WORLD_SIZE.
-        partitions, block_size, partition_mode: order options (see ``OrderOptions``).
-        worker_mode: ``"thread"`` or ``"process"``; default threads for a stoker dataset (its
-            reads release the GIL), processes for a torch dataset (see README "Worker modes").
-        sample_seeding: seed torch/numpy/random for every dataset call from (seed, epoch,
-            sample), so augmentations do not depend on workers, world size or resume
-            (``stoker.loader.workers.sample_rng``); ``False``: torch's per-worker seeding only.
         device: move batches there (``"cuda"``: pinned host buffers + side-stream copies).
-        cache_dir, cache_limit, storage_options: for remote datasets (node-local cache).
-        cache_options: further ``ShardCache`` keyword arguments (``retry=RetryPolicy(...)``,
-            ``inflight_allowance``, ``prefetch_workers``, ...).
-        ledger, ledger_ids: write a reproducibility ledger to this path.
-        ledger_content: also record each step's content digests (per column, of the batch
-            as delivered; ``stoker audit --dataset`` checks them). Default on; costs ~7 %
-            of W1 throughput here (bench/content_digest_bench.py).
-        row_major: ``"auto"`` (default), ``True`` or ``False``: row-major records of open
-            shards' fixed-width outputs for fast shuffled reads (see ``ArrowSource``; bounded).
-        row_major_dir: where records are kept as files, built once per node and mapped by
-            every later process (``stoker.loader.fastpath.record_store``; verified, size-bounded);
-            default ``$STOKER_ROW_MAJOR_DIR`` (empty: memory only), else
-            ``<cache_dir>/row-major``, else ``~/.cache/stoker/row-major``; ``False``: memory.
-        service: server URLs (``["grpc://host:port", ...]``) or a ``Service``: batches come
-            from ``stoker serve`` processes, bitwise equal to this loader's local batches
-            (same state, same ledger); failover and hedging as in stoker.loader.service.client.
+        cache: a directory or a ``CacheOptions``: the node-local cache of a remote dataset
+            (a local dataset is read in place unless a directory is given).
+        ledger: a path or a ``LedgerOptions``: write a reproducibility ledger there.
+        read: ``ReadOptions``: stacked features and categoricals, images, row-major records.
+        workers: ``WorkerOptions``: thread or process workers, per-sample seeding, or
+            ``stoker serve`` servers computing the batches.
+        **deprecated: the keywords these options replaced (``partitions=``, ``cache_limit=``,
+            ``worker_mode=``, ...; CHANGELOG.md): accepted for one release with a
+            ``StokerDeprecationWarning`` naming the new spelling.
 
     ``batch_size`` is per rank, as in torch DDP: the global batch is ``batch_size * world_size``.
     """
@@ -106,7 +91,7 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         self,
         dataset: Any,
         batch_size: int | None = 1,
-        shuffle: bool | None = None,
+        shuffle: bool | ShuffleOptions | None = None,
         sampler: Sampler | Sequence[int] | None = None,
         batch_sampler: Sampler[list[int]] | Sequence[list[int]] | None = None,
         num_workers: int = 0,
@@ -124,30 +109,18 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         in_order: bool = True,
         seed: int | None = None,
         columns: Sequence[str] | None = None,
-        features: Sequence[str] | None = None,
         transform: Callable[[Any], Any] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
-        partitions: int | None = None,
-        block_size: int = 0,
-        partition_mode: str = "redraw",
-        worker_mode: str | None = None,
-        sample_seeding: bool = True,
         device: str | torch.device | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit: int | str | None = None,
-        storage_options: Mapping[str, Any] | None = None,
-        ledger: str | os.PathLike[str] | None = None,
-        ledger_ids: bool = False,
-        ledger_content: bool = True,
-        categoricals: Sequence[str] | None = None,
-        image: ImageOptions | None = None,
-        cache_options: Mapping[str, Any] | None = None,
-        row_major: bool | str = "auto",
-        row_major_dir: str | os.PathLike[str] | bool | None = None,
-        service: Sequence[str] | Any = None,
+        cache: str | os.PathLike[str] | CacheOptions | None = None,
+        ledger: str | os.PathLike[str] | LedgerOptions | None = None,
+        read: ReadOptions | None = None,
+        workers: WorkerOptions | None = None,
+        **deprecated: Any,
     ) -> None:
         check_worker_args(num_workers, timeout, prefetch_factor, persistent_workers)
+        opts = resolve_options(shuffle, read, cache, ledger, workers, deprecated)
         warmup.prime()  # Numba's start-up runs while the caller builds its model (not at import)
         self.num_workers = num_workers
         self.multiprocessing_context = multiprocessing_context  # torch's property validates
@@ -169,30 +142,28 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         self.in_order = bool(in_order)
         self.generator = generator
         self.transform = transform
-        self.sample_seeding = bool(sample_seeding)
-        self.worker_mode = check_worker_mode(
-            worker_mode, not isinstance(dataset, (str, os.PathLike, Manifest, Mixture)))
+        self._options = opts
+        self.sample_seeding = opts.workers.sample_seeding
+        self.worker_mode = opts.workers.mode or (
+            "thread" if isinstance(dataset, (str, os.PathLike, Manifest, Mixture)) else "process")
         self._world_arg = (rank, world_size)
         self._world: tuple[int, int] | None = None
         self._cache = None
-        self._categoricals = categoricals
-        self._image = image
-        self._cache_options = cache_options
-        self._row_major = row_major
-        self._row_major_dir = None if row_major_dir is False else \
-            default_dir(None if cache_dir is None else os.fspath(cache_dir)) \
-            if row_major_dir is None or row_major_dir is True else os.fspath(row_major_dir)
+        records_dir = opts.read.records_dir
+        self._records_dir = None if records_dir is False else \
+            default_dir(opts.cache.dir) if records_dir is None else records_dir
         # the fast path writes batches straight into page-locked buffers when they will be
         # copied to a GPU (see stoker.loader.transfer)
         wants_gpu = pin_memory or bool(pin_memory_device) or str(device or "").startswith("cuda")
         self._pin_source = bool(wants_gpu) and torch.cuda.is_available()
         self._source = None
-        self._service = None if service is None else service_for(service, dataset)
-        self._order_args = (bool(shuffle), partitions, block_size, partition_mode)
+        self._service = None if opts.workers.service is None else \
+            service_for(opts.workers.service, dataset)
+        self._order_args = (opts.shuffle, opts.order.partitions, opts.order.block_size,
+                            opts.order.partition_mode)
         self._order_plan: OrderPlan | None = None  # stoker datasets: options + working set
-        self._source = self._make_source(dataset, columns, features, collate_fn, batch_size,
-                                         auto_collation, cache_dir, cache_limit,
-                                         storage_options, partitions)
+        self._source = self._make_source(dataset, columns, collate_fn, batch_size,
+                                         auto_collation)
         self._mode = "iterable" if self._source.kind == "iterable" else "sampler" \
             if (sampler is not None or batch_sampler is not None) else "order"
         if self._mode == "iterable":  # torch's placeholders: an IterableDataset has no sampler
@@ -224,12 +195,12 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         self.stats = LoaderStats()
         self._fallbacks = FallbackAccount(self.stats.fallbacks)
         self._ledger = None
-        self._ledger_path = ledger
-        self._ledger_ids = ledger_ids
+        self._ledger_path = None if opts.ledger is None else opts.ledger.path
+        self._ledger_ids = opts.ledger is not None and opts.ledger.ids
         self._resumed_from: dict[str, Any] | None = None
         self._cache_seen: Any = None  # cache counters already written to the ledger
         self._content = content_header(self._source) \
-            if ledger is not None and ledger_content else None
+            if opts.ledger is not None and opts.ledger.content else None
         self._iterable_state: dict[str, Any] | None = None  # loaded, for the next pass
         self._task = IterableTask(dataset, self.collate_fn, batch_size, drop_last,
                                   self._content is not None, self.worker_mode == "thread") \
@@ -241,10 +212,9 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
 
     # -- construction helpers --------------------------------------------------------------
     def _make_source(self, dataset: Any, columns: Sequence[str] | None,
-                     features: Sequence[str] | None, collate_fn: Callable[[Any], Any] | None,
-                     batch_size: int | None, auto_collation: bool, cache_dir: Any,
-                     cache_limit: Any, storage_options: Mapping[str, Any] | None,
-                     partitions: int | None) -> ArrowSource | MixtureSource | TorchSource:
+                     collate_fn: Callable[[Any], Any] | None, batch_size: int | None,
+                     auto_collation: bool) -> ArrowSource | MixtureSource | TorchSource:
+        read = self._options.read
         if isinstance(dataset, (str, os.PathLike, Manifest, Mixture)):
             if batch_size is None:
                 raise ValueError("batch_size=None (no batching) is supported for map-style torch "
@@ -254,17 +224,16 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
             plans: list[OrderPlan] = []
 
             def reader(manifest: Manifest) -> tuple[ArrowSource, Any]:
-                plans.append(self._plan_order(manifest, columns, features, batch_size,
-                                              cache_dir, cache_limit, partitions))
-                return self._reader(manifest, columns, features, cache_dir, cache_limit,
-                                    storage_options, partitions)
+                plans.append(self._plan_order(manifest, columns, batch_size))
+                return self._reader(manifest, columns)
 
+            storage_options = self._options.cache.storage_options
             if is_mixture(dataset):  # stoker.loader.order.mixture: one reader per source
                 mixture = dataset if isinstance(dataset, Mixture) else \
                     Mixture.load(dataset, storage_options)
                 self.location = repr(mixture) if isinstance(dataset, Mixture) else \
                     os.fspath(dataset)
-                check_columns(mixture, columns, features, self._categoricals, self._image)
+                check_columns(mixture, columns, read.features, read.categoricals, read.image)
                 source = MixtureSource(mixture, reader, pin=self._pin_source,
                                        ring_depth=max(8, self.num_workers * self._prefetch + 3))
                 # one order for every source: the options of the source (or shared reader)
@@ -274,8 +243,7 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
             manifest = dataset if isinstance(dataset, Manifest) else \
                 Manifest.load(os.fspath(dataset), storage_options)
             self.location = redact_url(manifest.root or "")
-            self._order_plan = self._plan_order(manifest, columns, features, batch_size,
-                                                cache_dir, cache_limit, partitions)
+            self._order_plan = self._plan_order(manifest, columns, batch_size)
             source, self._cache = reader(manifest)
             return source
         self._collate = None
@@ -287,33 +255,37 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
             raise TypeError(f"dataset must be a stoker dataset path/URL, a Manifest or a map-style "
                             f"torch Dataset with __len__ and __getitem__; got {type(dataset).__name__}")
         self.location = f"<{type(dataset).__name__}>"
-        if columns is not None or features is not None or self._categoricals is not None \
-                or self._image is not None:
-            raise ValueError("columns=, features=, categoricals= and image= apply to stoker "
-                             "datasets only")
+        if columns is not None or read.used:
+            raise ValueError("columns= and read=ReadOptions(...) apply to stoker datasets only")
         return TorchSource(dataset, self.collate_fn, batched=auto_collation,
                            seeding=self.sample_seeding)
 
-    def _reader(self, manifest: Manifest, columns: Sequence[str] | None,
-                features: Sequence[str] | None, cache_dir: Any, cache_limit: Any,
-                storage_options: Mapping[str, Any] | None,
-                partitions: int | None) -> tuple[ArrowSource, Any]:
+    def _cached(self, manifest: Manifest) -> bool:
+        """Whether ``manifest``'s shards are read through the node cache."""
+        return self._options.cache.dir is not None or is_remote(manifest.root)
+
+    def _reader(self, manifest: Manifest,
+                columns: Sequence[str] | None) -> tuple[ArrowSource, Any]:
         """The reader of one stoker dataset and its shard cache (``None`` when local)."""
+        read, cache_opts = self._options.read, self._options.cache
         if self._service is not None:  # batches come from `stoker serve`: no shard is opened
             from stoker.loader.service.source import ServiceSource
 
-            return ServiceSource(manifest, self._service, columns=columns, features=features,
-                                 categoricals=self._categoricals, image=self._image), None
+            return ServiceSource(manifest, self._service, columns=columns,
+                                 features=read.features, categoricals=read.categoricals,
+                                 image=read.image), None
         opener, max_open, cache = None, 256, None
         plan = self._order_plan  # None for a mixture's sources
-        if cache_dir is not None or is_remote(manifest.root):
+        if self._cached(manifest):
             from stoker.loader.read.remote import open_cache, pin_bound
 
-            max_open = pin_bound(manifest, partitions or OrderOptions().partitions,
-                                 self.world_size, self.num_workers, cache_limit) \
-                if plan is None else self._pins(manifest, plan, cache_limit)
-            cache, opener = open_cache(manifest, cache_dir, cache_limit, storage_options,
-                                       max_open, self._cache_options)
+            max_open = pin_bound(manifest, self._options.order.partitions
+                                 or OrderOptions().partitions, self.world_size,
+                                 self.num_workers, cache_opts.limit) \
+                if plan is None else self._pins(manifest, plan)
+            cache, opener = open_cache(manifest, cache_opts.dir, cache_opts.limit,
+                                       cache_opts.storage_options, max_open,
+                                       cache_opts.shard_cache_kwargs())
         elif manifest.kind == "arrow":
             check_local_shards(manifest)
         make: Any = ArrowSource
@@ -324,32 +296,29 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
             make = IndexSource
             if manifest.kind == "parquet-index" and plan is not None:  # decoded row groups
                 extra["cache_bytes"] = max(1 << 26, plan.working_set.shard_bytes)
-        source = make(manifest, **extra, columns=columns, features=features, opener=opener,
-                      max_open=max_open, categoricals=self._categoricals,
-                      image=self._image, pin=self._pin_source, row_major=self._row_major,
-                      row_major_dir=self._row_major_dir,
+        source = make(manifest, **extra, columns=columns, features=read.features,
+                      opener=opener, max_open=max_open, categoricals=read.categoricals,
+                      image=read.image, pin=self._pin_source, row_major=read.row_major,
+                      row_major_dir=self._records_dir,
                       ring_depth=max(8, self.num_workers * self._prefetch + 3))
         return source, cache
 
     def _plan_order(self, manifest: Manifest, columns: Sequence[str] | None,
-                    features: Sequence[str] | None, batch_size: int, cache_dir: Any,
-                    cache_limit: Any, partitions: int | None) -> OrderPlan:
+                    batch_size: int) -> OrderPlan:
         """Order options of a stoker dataset, checked against the node's budgets
         (stoker.loader.read.order_plan); independent of the world size."""
-        limit = None
-        if (cache_dir is not None or is_remote(manifest.root)) and cache_limit is not None:
-            from stoker.cache import parse_size
-
-            limit = parse_size(cache_limit, "cache_limit")
-        shuffle, _, block_size, partition_mode = self._order_args
+        read, limit = self._options.read, self._options.cache.limit
+        shuffle, partitions, block_size, partition_mode = self._order_args
         processes = self.worker_mode == "process" and self.num_workers
         return plan_order(
             manifest, shuffle=shuffle, partitions=partitions, block_size=block_size,
             partition_mode=partition_mode, batch_size=batch_size, world_size=self.world_size,
-            stride=record_stride(manifest, columns, features, self._categoricals, self._image),
-            cache_limit=limit, readers=self.num_workers + 1 if processes else 1)
+            stride=record_stride(manifest, columns, read.features, read.categoricals,
+                                 read.image),
+            cache_limit=limit if self._cached(manifest) else None,
+            readers=self.num_workers + 1 if processes else 1)
 
-    def _pins(self, manifest: Manifest, plan: OrderPlan, cache_limit: Any) -> int:
+    def _pins(self, manifest: Manifest, plan: OrderPlan) -> int:
         """Shards the reader may keep pinned: its working set, never more than the limit
         holds beside one shard being admitted (resident, unpinned shards are kept by Belady,
         not by pins); one per worker process (pins add up across them, and one waiting for
@@ -358,11 +327,9 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         if self.worker_mode == "process" and self.num_workers:
             return 1
         pins = max(1, plan.working_set.shards)
-        if cache_limit is not None and manifest.num_shards:
-            from stoker.cache import parse_size
-
-            fit = parse_size(cache_limit, "cache_limit") // int(manifest.shard_bytes.max()) - 1
-            pins = max(1, min(pins, fit))
+        limit = self._options.cache.limit
+        if limit is not None and manifest.num_shards:
+            pins = max(1, min(pins, limit // int(manifest.shard_bytes.max()) - 1))
         return pins
 
     # -- torch-compatible surface -----------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from stoker.manifest import StokerError
 
-__all__ = ["LoaderError", "LoaderTimeoutError", "StateError", "WorkerError"]
+__all__ = ["LoaderError", "LoaderTimeoutError", "OptionsError", "StateError", "WorkerError"]
 
 
 class LoaderError(StokerError):
@@ -27,3 +27,8 @@ class LoaderTimeoutError(LoaderError, RuntimeError, TimeoutError):
 
 class StateError(LoaderError, ValueError):
     """A state dict does not fit this loader (other dataset, incompatible options)."""
+
+
+class OptionsError(LoaderError, ValueError):
+    """An option of the DataLoader or of one of its option objects is invalid; the message
+    names the option, the value received and what would be accepted."""
