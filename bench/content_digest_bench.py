@@ -18,6 +18,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from stoker.loader.options import LedgerOptions, ReadOptions
 
 FEATURES = [f"f{i}" for i in range(64)]
 CATS = [f"c{i}" for i in range(8)]
@@ -55,8 +56,9 @@ def epoch(path: Path, ledger: Path, content: bool, workers: int) -> tuple[float,
     epoch_iter.batch_digests = timed
     try:
         dl = DataLoader(path, batch_size=BATCH, shuffle=True, seed=0, num_workers=workers,
-                        features=FEATURES, categoricals=CATS, columns=["seq", "label"],
-                        ledger=ledger, ledger_content=content)
+                        columns=["seq", "label"],
+                        read=ReadOptions(features=FEATURES, categoricals=CATS),
+                        ledger=LedgerOptions(ledger, content=content))
         for _ in dl:
             pass
         spent[0] = 0.0
@@ -74,8 +76,8 @@ def digest_speed(path: Path) -> tuple[float, float]:
     from stoker.loader import DataLoader
     from stoker.loader.ledger.digest import batch_digests
 
-    dl = DataLoader(path, batch_size=BATCH, shuffle=True, seed=0, features=FEATURES,
-                    categoricals=CATS, columns=["seq", "label"])
+    dl = DataLoader(path, batch_size=BATCH, shuffle=True, seed=0, columns=["seq", "label"],
+                    read=ReadOptions(features=FEATURES, categoricals=CATS))
     batches = []
     for b in dl:
         batches.append({k: v.clone() for k, v in b.items()})

@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
+from stoker.loader.options import ReadOptions
 
 HERE = Path(__file__).resolve().parent
 FEATURES = [f"f{i}" for i in range(64)]
@@ -104,8 +105,9 @@ def _stoker_w1(d: Path, workers: int, row_major: bool | str = "auto") -> Iterato
     from stoker.loader import DataLoader
 
     return iter(DataLoader(d / "stoker", batch_size=W1_BATCH, shuffle=True, seed=0,
-                           num_workers=workers, features=FEATURES, categoricals=CATS,
-                           columns=["seq", "label"], row_major=row_major))
+                           num_workers=workers,
+                           columns=["seq", "label"],
+                           read=ReadOptions(features=FEATURES, categoricals=CATS, row_major=row_major)))
 
 
 def _stoker_w1_warm(d: Path, workers: int, row_major: bool | str = "auto") -> tuple[Iterator[Any], float]:
@@ -114,8 +116,8 @@ def _stoker_w1_warm(d: Path, workers: int, row_major: bool | str = "auto") -> tu
     from stoker.loader import DataLoader
 
     loader = DataLoader(d / "stoker", batch_size=W1_BATCH, shuffle=True, seed=0,
-                        num_workers=workers, features=FEATURES, categoricals=CATS,
-                        columns=["seq", "label"], row_major=row_major)
+                        num_workers=workers, columns=["seq", "label"],
+                        read=ReadOptions(features=FEATURES, categoricals=CATS, row_major=row_major))
     for _ in loader:
         pass
     return iter(loader), time.perf_counter()
@@ -127,8 +129,8 @@ def _stoker_w1_setup(d: Path, workers: int) -> tuple[Iterator[Any], float]:
     from stoker.loader import DataLoader
 
     loader = DataLoader(d / "stoker", batch_size=W1_BATCH, shuffle=True, seed=0,
-                        num_workers=workers, features=FEATURES, categoricals=CATS,
-                        columns=["seq", "label"])
+                        num_workers=workers, columns=["seq", "label"],
+                        read=ReadOptions(features=FEATURES, categoricals=CATS))
     time.sleep(1.0)
     return iter(loader), time.perf_counter()
 
@@ -139,7 +141,7 @@ def _stoker_w2(d: Path, workers: int) -> Iterator[Any]:
 
     return iter(DataLoader(d / "stoker", batch_size=W2_BATCH, shuffle=True, seed=0,
                            num_workers=workers, columns=["label"],
-                           image=ImageOptions("jpg", size=(SIDE, SIDE))))
+                           read=ReadOptions(image=ImageOptions("jpg", size=(SIDE, SIDE)))))
 
 
 class _ParquetStream(torch.utils.data.IterableDataset):

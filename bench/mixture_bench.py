@@ -116,12 +116,13 @@ def prepare(workdir: Path, rows: int, images: int) -> dict[str, Any]:
 
 # -- cases -----------------------------------------------------------------------------------
 def _options(workload: str) -> dict[str, Any]:
-    from stoker.loader.fastpath.images import ImageOptions
+    from stoker.loader import ImageOptions, ReadOptions
 
     if workload == "w1":
-        return dict(batch_size=1024, features=FEATURES, categoricals=CATS,
-                    columns=["seq", "label"])
-    return dict(batch_size=256, columns=["label"], image=ImageOptions("jpg", size=(64, 64)))
+        return dict(batch_size=1024, columns=["seq", "label"],
+                    read=ReadOptions(features=FEATURES, categoricals=CATS))
+    return dict(batch_size=256, columns=["label"],
+                read=ReadOptions(image=ImageOptions("jpg", size=(64, 64))))
 
 
 def _epoch_rate(make: Callable[[], Any]) -> float:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
+from stoker.loader.options import ReadOptions
 
 BATCH = 1024
 FEATURES = [f"f{i}" for i in range(64)]
@@ -68,8 +69,9 @@ def prepare(workdir: Path, rows: int) -> Path:
 def _stoker(path: Path) -> Iterator[Any]:
     from stoker.loader import DataLoader
 
-    loader = DataLoader(str(path), batch_size=BATCH, shuffle=True, seed=0, features=FEATURES,
-                        categoricals=CATS, columns=["seq", "label"])
+    loader = DataLoader(str(path), batch_size=BATCH, shuffle=True, seed=0,
+                        columns=["seq", "label"],
+                        read=ReadOptions(features=FEATURES, categoricals=CATS))
     yield from loader
 
 

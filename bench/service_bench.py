@@ -4,7 +4,7 @@ One run, W1 (tabular, batch 1024) and W2 (64x64 JPEGs, batch 256), shuffle on, e
 warmed up then timed over ``--batches`` batches, ``--repeats`` times (medians):
 
 * ``local``: ``DataLoader(dataset)`` in this process (``num_workers=0``);
-* ``service 1``: ``DataLoader(dataset, service=[one server])``;
+* ``service 1``: ``DataLoader(dataset, workers=WorkerOptions(service=[one server]))``;
 * ``service 2``: two servers (pinned to different cores with ``taskset`` when there are two);
 * ``flight ceiling``: a Flight server that answers every request with one pre-built batch of
   the same bytes (encoded once by the real server code), read by a client with the same window
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
+from stoker.loader.options import WorkerOptions
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -41,13 +42,13 @@ WINDOW = 4
 
 
 def loader_kw(kind: str) -> dict[str, Any]:
-    from stoker.loader.fastpath.images import ImageOptions
+    from stoker.loader import ImageOptions, ReadOptions
 
     if kind == "w1":
-        return dict(batch_size=lb.W1_BATCH, shuffle=True, seed=0, features=lb.FEATURES,
-                    categoricals=lb.CATS, columns=["seq", "label"])
+        return dict(batch_size=lb.W1_BATCH, shuffle=True, seed=0, columns=["seq", "label"],
+                    read=ReadOptions(features=lb.FEATURES, categoricals=lb.CATS))
     return dict(batch_size=lb.W2_BATCH, shuffle=True, seed=0, columns=["label"],
-                image=ImageOptions("jpg", size=(lb.SIDE, lb.SIDE)))
+                read=ReadOptions(image=ImageOptions("jpg", size=(lb.SIDE, lb.SIDE))))
 
 
 def nbytes(batch: Any) -> int:
@@ -79,7 +80,8 @@ def ceiling_server(dataset: str, kind: str) -> None:
     from stoker.loader.service.wire import encode_batch
     from stoker.serve.catalog import Catalog
 
-    probe = DataLoader(dataset, service=["grpc://unused:1"], **loader_kw(kind))
+    probe = DataLoader(dataset, workers=WorkerOptions(service=["grpc://unused:1"]),
+                       **loader_kw(kind))
     key = BatchKey(dataset=probe._source.fingerprint, order=probe.order_options.to_dict(),
                    read=probe._source.read, seed=0, epoch=0, step=0, rank=0, world_size=1,
                    batch_size=probe.batch_size, drop_last=False)
@@ -161,10 +163,12 @@ def run(kind: str, dataset: str, warm: int, n: int, repeats: int) -> list[dict[s
     kw = loader_kw(kind)
     cases: dict[str, Callable[[], Iterator[Any]]] = {
         "local": lambda: forever(lambda: DataLoader(dataset, **kw)),
-        "service 1": lambda: forever(lambda: DataLoader(
-            dataset, service=Service(urls[:1], window=WINDOW), **kw)),
-        "service 2": lambda: forever(lambda: DataLoader(
-            dataset, service=Service(urls, window=WINDOW), **kw)),
+        "service 1": lambda: forever(lambda: DataLoader(dataset,
+                                                        workers=WorkerOptions(service=Service(urls[:1], window=WINDOW)),
+                                                        **kw)),
+        "service 2": lambda: forever(lambda: DataLoader(dataset,
+                                                        workers=WorkerOptions(service=Service(urls, window=WINDOW)),
+                                                        **kw)),
         "flight ceiling": lambda: ceiling_batches(ceiling[1]),
     }
     rows = []

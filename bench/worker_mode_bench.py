@@ -27,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, WorkerOptions
 
 BATCH = 64
 
@@ -89,9 +89,9 @@ class Light(torch.utils.data.Dataset):
 CASES: dict[str, Callable[[Any], Any]] = {
     "stoker, 0 workers": lambda ds: DataLoader(ds, batch_size=BATCH, seed=0),
     "stoker, 2 threads": lambda ds: DataLoader(ds, batch_size=BATCH, seed=0, num_workers=2,
-                                               worker_mode="thread"),
+                                               workers=WorkerOptions(mode="thread")),
     "stoker, 2 processes": lambda ds: DataLoader(ds, batch_size=BATCH, seed=0, num_workers=2,
-                                                 worker_mode="process"),
+                                                 workers=WorkerOptions(mode="process")),
     "torch, 2 processes [baseline]": lambda ds: torch.utils.data.DataLoader(
         ds, batch_size=BATCH, num_workers=2),
 }

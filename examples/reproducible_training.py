@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, ReadOptions
 from stoker.sharder import shard
 from stoker.sharder.synthetic import write_tabular_parquet
 from stoker.tools.audit import audit
@@ -55,8 +55,9 @@ def new_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 
 
 def new_loader(data: Path, ledger: Path) -> DataLoader:
-    return DataLoader(str(data), batch_size=BATCH, shuffle=True, seed=SEED, features=FEATURES,
-                      columns=["label"], num_workers=2, ledger=str(ledger))
+    return DataLoader(str(data), batch_size=BATCH, shuffle=True, seed=SEED, columns=["label"],
+                      num_workers=2, ledger=str(ledger),
+                      read=ReadOptions(features=FEATURES))
 
 
 def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: dict) -> float:

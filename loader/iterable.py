@@ -247,7 +247,7 @@ def load_iterable_state(loader: DataLoader, state: Mapping[str, Any]) -> None:
                          "in each worker's copy. Resume with the saved num_workers.")
     if loader.num_workers and loader.worker_mode == "thread":
         raise StateError("thread workers share one dataset object, so per-worker states cannot "
-                         "be loaded; resume with worker_mode='process' or num_workers=0.")
+                         "be loaded; resume with workers=WorkerOptions(mode='process') or num_workers=0.")
     if loader._active is not None:
         loader._active.close()
     loader._epoch, loader._step = int(state["epoch"]), int(state["step"])

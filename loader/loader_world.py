@@ -71,8 +71,8 @@ class WorldPlan:
         if shuffle and self._mode == "order" and options.partitions % size:
             fit = [w for w in range(1, options.partitions + 1) if options.partitions % w == 0]
             raise ValueError(f"world_size={size} must divide partitions={options.partitions}; "
-                             f"the world sizes that do are {fit}. Pass partitions= a multiple "
-                             "of every world size you plan to resume with (e.g. 720).")
+                             f"the world sizes that do are {fit}. Pass ShuffleOptions(partitions=...) a "
+                             "multiple of every world size you plan to resume with (e.g. 720).")
         self.order_options = options
         if self._mode == "order" and hasattr(self._source, "stage"):
             self._source.stage(options, rank, size)

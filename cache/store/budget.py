@@ -157,7 +157,7 @@ class Budget:
             f"shard {i} is waiting for {need} bytes of room under cache limit {self.limit} "
             f"bytes: every cached shard is pinned ({self._used()} bytes used; this process "
             f"pins {self._own_pins(i)[1]}, other processes on this node the rest). It gives "
-            f"up after {ROOM_WAIT_S:.0f}s; raise cache_limit (shared by every process using "
+            f"up after {ROOM_WAIT_S:.0f}s; raise the cache limit (shared by every process using "
             "this cache_dir) or read with fewer workers/ranks per node."))
         while True:
             with self.locked():
@@ -218,13 +218,13 @@ class Budget:
         if pinned + need > limit:
             raise CacheLimitError(
                 f"cache limit {limit} bytes is too small: this process pins {count} shards "
-                f"({pinned} bytes) and shard {i} needs {need} more. Raise cache_limit to at "
+                f"({pinned} bytes) and shard {i} needs {need} more. Raise the cache limit (CacheOptions(limit=...), --cache-limit) to at "
                 f"least {pinned + need} bytes, or pin fewer shards at once.")
         if time.monotonic() > deadline:
             raise CacheLimitError(
                 f"shard {i}: waited {ROOM_WAIT_S:.0f}s for {need} bytes under cache limit "
                 f"{limit} bytes while other processes on this node pin the rest. Raise "
-                "cache_limit (it is shared by every process using this cache_dir).")
+                "the cache limit (it is shared by every process using this cache directory).")
 
 
 class _Notice:

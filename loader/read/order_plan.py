@@ -123,12 +123,12 @@ def plan_order(manifest: Manifest, *, shuffle: bool, partitions: int | None, blo
         problems.append(f"staging {ws.staged_rows} rows x {stride} B = {ws.staging_bytes} B > "
                         f"{memory} B (a quarter of this node's memory)")
     if cache_limit is not None and ws.shard_bytes > cache_limit:
-        problems.append(f"{ws.shards} shards live at once ({ws.shard_bytes} B) > cache_limit "
-                        f"{cache_limit} B")
+        problems.append(f"{ws.shards} shards live at once ({ws.shard_bytes} B) > the cache "
+                        f"limit {cache_limit} B")
     if problems:
         raise WorkingSetError(
             f"the order's working set does not fit this node: {'; '.join(problems)} "
-            f"(partitions={options.partitions}, block_size={options.block_size}, "
+            f"(ShuffleOptions(partitions={options.partitions}, block_size={options.block_size}), "
             f"world_size={world_size}). "
             f"{_fits(rows, sizes, options, world_size, stride, memory, cache_limit, readers)}")
     return OrderPlan(options, ws, stride)
@@ -148,10 +148,12 @@ def _fits(rows: np.ndarray, sizes: np.ndarray, options: OrderOptions, world_size
                             partition_mode=options.partition_mode).resolve(rows)
         ws = working_set(rows, sizes, opts, world_size, stride, readers=readers)
         if _fit(ws, memory, cache_limit):
-            return (f"partitions={P} fits ({ws.shards} shards, {ws.shard_bytes} B live; staging "
-                    f"{ws.staging_bytes} B); or raise cache_limit / lower block_size.")
+            return (f"ShuffleOptions(partitions={P}) fits ({ws.shards} shards, {ws.shard_bytes} B "
+                    f"live; staging {ws.staging_bytes} B); or raise CacheOptions(limit=...) / "
+                    "lower block_size.")
     need = working_set(rows, sizes, options, world_size, stride, readers=readers).shard_bytes
-    return f"No smaller partition count fits; raise cache_limit to at least {need} B."
+    return (f"No smaller partition count fits; raise CacheOptions(limit=...) to at least "
+            f"{need} B.")
 
 
 def _plan_index(manifest: Manifest, shuffle: bool, partitions: int | None, block_size: int,

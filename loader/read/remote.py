@@ -25,7 +25,7 @@ def pin_bound(manifest: Manifest, partitions: int, world_size: int, num_workers:
     if cache_limit is not None and manifest.num_shards:
         from stoker.cache import parse_size
 
-        fit = parse_size(cache_limit, "cache_limit") // max(1, int(manifest.shard_bytes.max())) - 1
+        fit = parse_size(cache_limit, "cache limit") // max(1, int(manifest.shard_bytes.max())) - 1
         bound = min(bound, fit)
     return max(1, bound)
 
@@ -44,13 +44,9 @@ def open_cache(manifest: Manifest, cache_dir: str | os.PathLike[str] | None,
     """
     from stoker.cache import open_shard_cache
 
-    extra = dict(cache_options or {})
-    clash = {"limit", "storage_options", "max_pinned"} & set(extra)
-    if clash:
-        raise ValueError(f"cache_options may not set {sorted(clash)}: pass cache_limit= and "
-                         "storage_options= to the DataLoader (max_pinned follows the reader).")
     cache = open_shard_cache(manifest, cache_dir, limit=cache_limit,
-                             storage_options=storage_options, max_pinned=max_open, **extra)
+                             storage_options=storage_options, max_pinned=max_open,
+                             **(cache_options or {}))
     return cache, _Opener(cache)
 
 

@@ -1,4 +1,4 @@
-"""Typed errors of the data service's client (``DataLoader(..., service=[...])``)."""
+"""Typed errors of the data service's client (``DataLoader(..., workers=WorkerOptions(service=[...]))``)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class ServiceUnavailableError(ServiceError, ConnectionError):
         lines = "; ".join(f"{url}: {why}" for url, why in tried.items())
         super().__init__(f"no stoker server delivered {what} within timeout={timeout:g} s; "
                          f"tried {len(tried)} URL(s): {lines}. Start the servers "
-                         "(`stoker serve DATASET --port P`) or pass their URLs in service=.")
+                         "(`stoker serve DATASET --port P`) or pass their URLs in WorkerOptions(service=...).")
 
 
 class ServiceRefusedError(ServiceError, ValueError):

@@ -9,6 +9,7 @@ one changed value is enough. A clean run, with every column kind the loader prod
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -21,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "loader"))
 
 from loader_helpers import make_dataset  # noqa: E402
 
-from stoker.loader import DataLoader  # noqa: E402
+from stoker.loader import DataLoader, ReadOptions  # noqa: E402
 from stoker.loader.ledger.writer import read_ledger  # noqa: E402
 from stoker.tools.audit import audit  # noqa: E402
 from stoker.tools.audit.html import render_html  # noqa: E402
@@ -34,7 +35,8 @@ def _run(root: Path, ledger: Path, epochs: int = 1, **kw) -> list[dict]:
     """Iterate ``epochs`` epochs with a ledger; the batches' values, copied. Row-major records
     go to a directory of this test's own: records built while a shard was swapped are named
     after the manifest's hash and would be served to any later run of the same bytes."""
-    kw.setdefault("row_major_dir", ledger.parent / "records")
+    kw["read"] = dataclasses.replace(kw.get("read", ReadOptions()),
+                                     records_dir=ledger.parent / "records")
     kw.setdefault("shuffle", True)
     dl = DataLoader(root, batch_size=16, seed=5, ledger=ledger, **kw)
     out = []
@@ -66,7 +68,7 @@ def test_clean_run_passes_the_content_check(tmp_path: Path, workers: int) -> Non
     make_dataset(tmp_path / "d", ROWS)
     # every kind of output: a stacked matrix, categoricals, a ragged list (+ lengths), strings
     _run(tmp_path / "d", tmp_path / "r.ledger", epochs=2, num_workers=workers,
-         features=["x"], categoricals=["y"])
+         read=ReadOptions(features=["x"], categoricals=["y"]))
     report = audit(tmp_path / "r.ledger", dataset=str(tmp_path / "d"))
     content = report.check("content")
     assert content.status == "pass", content.details
@@ -110,8 +112,8 @@ def test_tampered_row_major_records_with_their_checksum_rewritten(tmp_path: Path
     store = tmp_path / "records"
     # natural order reads through per-shard record files; shuffled reads stage rounds in
     # memory from the verified shards and leave no derived file to tamper with
-    dl = DataLoader(tmp_path / "d", batch_size=16, shuffle=False, seed=5, row_major=True,
-                    row_major_dir=store, features=["x"], columns=["id"])
+    dl = DataLoader(tmp_path / "d", batch_size=16, shuffle=False, seed=5, columns=["id"],
+                    read=ReadOptions(row_major=True, records_dir=store, features=["x"]))
     for _ in dl:
         pass
     dl._source.wait_row_major()
@@ -123,8 +125,8 @@ def test_tampered_row_major_records_with_their_checksum_rewritten(tmp_path: Path
         body = data[:-16]
         body[:8] = bytes(b ^ 0x5A for b in body[:8])
         f.write_bytes(bytes(body) + xxhash.xxh3_128_digest(bytes(body)))
-    batches = _run(tmp_path / "d", tmp_path / "r.ledger", row_major=True, row_major_dir=store,
-                   features=["x"], columns=["id"], shuffle=False)
+    batches = _run(tmp_path / "d", tmp_path / "r.ledger", columns=["id"], shuffle=False,
+                   read=ReadOptions(features=["x"], row_major=True, records_dir=store))
     served_right = all(np.array_equal(b["features"][:, 0].numpy(),
                                       (b["id"].numpy() * 0.5).astype(np.float32))
                        for b in batches)

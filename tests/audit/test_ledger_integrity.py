@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "loader"))
 
 from loader_helpers import make_dataset  # noqa: E402
 
-from stoker.loader import DataLoader  # noqa: E402
+from stoker.loader import DataLoader, ReadOptions  # noqa: E402
 from stoker.loader.ledger.writer import LedgerError, LedgerWriter  # noqa: E402
 from stoker.tools.audit import audit  # noqa: E402
 
@@ -29,7 +29,8 @@ ROWS = [90, 80, 100, 70]  # 340 samples: 34 steps of 10
 
 def _loader(root: Path, ledger: Path, **kw) -> DataLoader:
     return DataLoader(root, batch_size=10, shuffle=True, seed=11, ledger=ledger,
-                      row_major_dir=ledger.parent / "records", **kw)
+                      read=ReadOptions(records_dir=ledger.parent / "records"),
+                      **kw)
 
 
 def _consume(dl: DataLoader, n: int) -> None:

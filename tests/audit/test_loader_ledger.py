@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, LedgerOptions, ShuffleOptions
 from stoker.loader.ledger.writer import read_ledger
 from stoker.tools.audit import audit
 
 
-def _loader(loc: str, ledger: Path, **kw) -> DataLoader:
-    return DataLoader(loc, shuffle=True, seed=3, partitions=4, ledger=str(ledger), **kw)
+def _loader(loc: str, ledger: Path | LedgerOptions, **kw) -> DataLoader:
+    return DataLoader(loc, seed=3, ledger=ledger, shuffle=ShuffleOptions(partitions=4), **kw)
 
 
 def test_elastic_resume_from_two_ranks_to_one(tmp_path: Path, dataset) -> None:
@@ -30,7 +30,7 @@ def test_elastic_resume_from_two_ranks_to_one(tmp_path: Path, dataset) -> None:
         for _batch in one:
             pass
     one.close()
-    straight = _loader(loc, tmp_path / "runs/s.ledger", batch_size=8, ledger_ids=True)
+    straight = _loader(loc, LedgerOptions(tmp_path / "runs/s.ledger", ids=True), batch_size=8)
     for _ in range(2):
         for _batch in straight:
             pass

@@ -90,7 +90,7 @@ def test_limit_smaller_than_largest_shard_names_shard_and_fix(dataset, tmp_path:
     with pytest.raises(CacheLimitError) as err:
         ShardCache(manifest, tmp_path / "c", limit=largest - 1)
     msg = str(err.value)
-    assert "shard 2" in msg and str(largest) in msg and "Raise cache_limit" in msg
+    assert "shard 2" in msg and str(largest) in msg and "Raise the cache limit" in msg
 
 
 def test_index_checks(dataset, tmp_path: Path) -> None:

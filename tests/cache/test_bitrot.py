@@ -137,13 +137,13 @@ def test_loader_serves_the_origin_bytes_after_bit_rot(dataset, fault_server, tmp
     local = DataLoader(str(root), **kw)  # the origin's bytes, read in place
     expected = _epoch(local)
     local.close()
-    cold = DataLoader(fault_server.url + "/ds", cache_dir=tmp_path / "c", **kw)
+    cold = DataLoader(fault_server.url + "/ds", cache=tmp_path / "c", **kw)
     assert _epoch(cold) == expected
     cold.close()
     # Shard 2 holds ids 807..1220; the blob of id 1011 is bytes([1011 % 251]) * 64.
     shard = Path(tmp_path, "c", manifest.fingerprint, "shards", f"{2:08d}.arrow")
     _rot(shard, _blob_offset(shard, 1011 % 251))
-    warm = DataLoader(fault_server.url + "/ds", cache_dir=tmp_path / "c", **kw)
+    warm = DataLoader(fault_server.url + "/ds", cache=tmp_path / "c", **kw)
     try:
         assert _epoch(warm) == expected  # the rotten blob was never served
         s = warm._cache.stats()
@@ -151,7 +151,7 @@ def test_loader_serves_the_origin_bytes_after_bit_rot(dataset, fault_server, tmp
         warm.close()
     assert (s.quarantines, s.fetches) == (1, 1)
     assert [_gets(fault_server, manifest, i) for i in range(3)] == [1, 1, 2]
-    again = DataLoader(fault_server.url + "/ds", cache_dir=tmp_path / "c", **kw)
+    again = DataLoader(fault_server.url + "/ds", cache=tmp_path / "c", **kw)
     try:
         assert _epoch(again) == expected  # the fresh copy, from the cache
         s = again._cache.stats()

@@ -82,7 +82,7 @@ def test_pins_filling_the_limit_are_a_clear_error(dataset, tmp_path: Path) -> No
     _, manifest, size = _equal_shards(dataset, 3)
     with ShardCache(manifest, tmp_path / "c", limit=2 * size, prefetch_workers=0) as cache:
         with cache.pin(0), cache.pin(1):
-            with pytest.raises(CacheLimitError, match=r"pins 2 shards.*Raise cache_limit"):
+            with pytest.raises(CacheLimitError, match=r"pins 2 shards.*Raise the cache limit"):
                 cache.path(2)
         cache.path(2)  # fine once the pins are gone
 

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "servers"))
 
 from stoker.cache import ShardCache  # noqa: E402
-from stoker.loader import DataLoader  # noqa: E402
+from stoker.loader import DataLoader, ReadOptions  # noqa: E402
 from stoker.manifest import Manifest  # noqa: E402
 
 
@@ -33,14 +33,14 @@ def test_records_of_a_cached_dataset_live_beside_the_cache(dataset, fault_server
     # natural order reads through per-shard records; shuffled reads stage rounds in memory and
     # leave no derived files (test_staged_reads_of_a_cached_dataset_leave_no_derived_files)
     kw = dict(batch_size=64, shuffle=False, seed=2)
-    local = DataLoader(str(root), row_major=False, **kw)
+    local = DataLoader(str(root), read=ReadOptions(row_major=False), **kw)
     expected = _epoch(local)
     local.close()
     cache_dir = tmp_path / "c"
     for run in range(2):  # builds and saves the records, then maps them
         # row_major=True builds each shard's records as it opens (the default builds them in
         # the background and skips a shard already closed again: timing-dependent)
-        loader = DataLoader(url, cache_dir=cache_dir, row_major=True, **kw)
+        loader = DataLoader(url, read=ReadOptions(row_major=True), cache=cache_dir, **kw)
         try:
             assert _epoch(loader) == expected
             loader._source.wait_row_major()
@@ -65,11 +65,12 @@ def test_staged_reads_of_a_cached_dataset_leave_no_derived_files(dataset, fault_
     root, _ = dataset(n_shards=3)
     fault_server.put_dir(root, "ds")
     kw = dict(batch_size=64, shuffle=True, seed=2)
-    local = DataLoader(str(root), row_major=False, **kw)
+    local = DataLoader(str(root), read=ReadOptions(row_major=False), **kw)
     expected = _epoch(local)
     local.close()
     cache_dir = tmp_path / "c"
-    loader = DataLoader(f"{fault_server.url}/ds", cache_dir=cache_dir, row_major="staged", **kw)
+    loader = DataLoader(f"{fault_server.url}/ds", read=ReadOptions(row_major="staged"),
+                        cache=cache_dir, **kw)
     try:
         assert loader._source.stager is not None
         assert _epoch(loader) == expected

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importli
 
 from fastpath_helpers import random_array  # noqa: E402
 
-from stoker.loader import DataLoader  # noqa: E402
+from stoker.loader import DataLoader, ReadOptions  # noqa: E402
 from stoker.loader.jit import warmup  # noqa: E402
 
 from stoker.loader.fastpath import kernels
@@ -137,13 +137,14 @@ def _epoch(root: Path, monkeypatch: pytest.MonkeyPatch, gate: Callable[..., bool
 
 OPTIONS = [
     dict(),  # every column: fixed, dictionary, bool, list, binary, string, struct (pyarrow)
-    dict(features=["f0", "f1", "f2", "flag"], categoricals=["c0", "c1"]),
-    dict(features=["f0", "f1"], categoricals=["c0"], columns=["seq", "blob", "name"]),
-    dict(features=["f0", "f1", "f2"], columns=["id", "seq"], row_major=False),
-    dict(features=["f0", "f1", "f2"], categoricals=["c0", "c1"], columns=["id"],
-         row_major=True),
-    dict(features=["f0", "f1", "f2"], categoricals=["c0", "c1"], columns=["id", "seq"],
-         row_major="staged"),
+    dict(read=ReadOptions(features=["f0", "f1", "f2", "flag"], categoricals=["c0", "c1"])),
+    dict(read=ReadOptions(features=["f0", "f1"], categoricals=["c0"]),
+         columns=["seq", "blob", "name"]),
+    dict(read=ReadOptions(features=["f0", "f1", "f2"], row_major=False), columns=["id", "seq"]),
+    dict(read=ReadOptions(features=["f0", "f1", "f2"], categoricals=["c0", "c1"], row_major=True),
+         columns=["id"]),
+    dict(read=ReadOptions(features=["f0", "f1", "f2"], categoricals=["c0", "c1"],
+                          row_major="staged"), columns=["id", "seq"]),
 ]
 
 
@@ -167,8 +168,8 @@ def test_switching_mid_epoch_changes_no_byte(mixed_dataset: Path, monkeypatch: p
 def test_thread_workers_switch_without_changing_bytes(mixed_dataset: Path,
                                                       monkeypatch: pytest.MonkeyPatch,
                                                       workers: int) -> None:
-    kw = dict(features=["f0", "f1", "f2", "flag"], categoricals=["c0", "c1"], shuffle=True,
-              num_workers=workers)
+    kw = dict(read=ReadOptions(features=["f0", "f1", "f2", "flag"], categoricals=["c0", "c1"]),
+              shuffle=True, num_workers=workers)
     want, _ = _epoch(mixed_dataset, monkeypatch, None, **kw)
     got, stats = _epoch(mixed_dataset, monkeypatch, _Gate(5), **kw)
     assert got == want
@@ -177,7 +178,8 @@ def test_thread_workers_switch_without_changing_bytes(mixed_dataset: Path,
 
 def test_a_perturbed_twin_is_caught(mixed_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The comparison above fails when the twins write one different value."""
-    kw = dict(features=["f0", "f1", "f2", "flag"], categoricals=["c0", "c1"], shuffle=True)
+    kw = dict(read=ReadOptions(features=["f0", "f1", "f2", "flag"], categoricals=["c0", "c1"]),
+              shuffle=True)
     want, _ = _epoch(mixed_dataset, monkeypatch, None, **kw)
     original = kernels_np.gather_fixed
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, ReadOptions
 from stoker.loader.read.arrow import ArrowSource
 from stoker.loader.fastpath.images import ImageOptions
 from stoker.manifest import Manifest
@@ -42,7 +42,7 @@ AUG = ImageOptions("jpg", size=(16, 16), crop=(0.3, 1.0), flip=True)
 
 
 def _epoch(path: Path, epoch: int, **kw: object) -> list[dict[str, torch.Tensor]]:
-    dl = DataLoader(path, batch_size=8, shuffle=True, seed=5, image=AUG, **kw)  # type: ignore[arg-type]
+    dl = DataLoader(path, batch_size=8, shuffle=True, seed=5, read=ReadOptions(image=AUG), **kw)  # type: ignore[arg-type]
     dl.set_epoch(epoch)
     out = [{k: v.clone() for k, v in b.items()} for b in dl]
     dl.close()
@@ -102,7 +102,8 @@ def test_options_are_validated(kw: dict[str, object], match: str) -> None:
 
 def test_image_column_must_be_binary(images: Path) -> None:
     with pytest.raises(ValueError, match="'label' is int64; it must be a binary column"):
-        DataLoader(images, batch_size=4, image=ImageOptions("label", size=(8, 8)))
+        DataLoader(images, batch_size=4,
+                   read=ReadOptions(image=ImageOptions("label", size=(8, 8))))
 
 
 def test_png_goes_through_pillow(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importli
 
 from fastpath_helpers import write_dataset  # noqa: E402
 
-from stoker.loader import DataLoader  # noqa: E402
+from stoker.loader import DataLoader, ReadOptions  # noqa: E402
 from stoker.loader.read.arrow import ArrowSource  # noqa: E402
 from stoker.loader.fastpath.record_store import RecordStore, default_dir  # noqa: E402
 from stoker.manifest import Manifest  # noqa: E402
@@ -174,22 +174,24 @@ def test_default_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
 
 def test_dataloader_passes_the_directory(dataset: Manifest, tmp_path: Path) -> None:
     def epoch(where: Any) -> list[dict[str, Any]]:
-        loader = DataLoader(dataset, batch_size=16, shuffle=True, seed=5, features=FEATS,
-                            categoricals=CATS, row_major_dir=where)
+        loader = DataLoader(dataset, batch_size=16, shuffle=True, seed=5,
+                            read=ReadOptions(features=FEATS, categoricals=CATS, records_dir=where))
         return [_bytes(b) for b in loader]
 
     assert epoch(tmp_path) == epoch(False) == epoch(tmp_path)
-    loader = DataLoader(dataset, batch_size=16, features=FEATS, row_major_dir=False)
+    loader = DataLoader(dataset, batch_size=16,
+                        read=ReadOptions(features=FEATS, records_dir=False))
     assert loader._source._rm.store_dir is None
 
 
 SCRIPT = """
 import sys
 import numpy as np
-from stoker.loader import DataLoader
-loader = DataLoader(sys.argv[1], batch_size=32, shuffle=True, seed=1, features=["f0", "f1"],
-                    categoricals=["c0"], row_major_dir=sys.argv[2], worker_mode="process",
-                    num_workers=2)
+from stoker.loader import DataLoader, ReadOptions, WorkerOptions
+loader = DataLoader(sys.argv[1], batch_size=32, shuffle=True, seed=1, num_workers=2,
+                    read=ReadOptions(features=["f0", "f1"], categoricals=["c0"],
+                                     records_dir=sys.argv[2]),
+                    workers=WorkerOptions(mode="process"))
 out = [b["features"].numpy().tobytes() + b["id"].numpy().tobytes() for e in range(2)
        for b in loader]
 print(len(out), hash(b"".join(out)))

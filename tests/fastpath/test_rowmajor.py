@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importli
 
 from fastpath_helpers import random_array, write_dataset  # noqa: E402
 
-from stoker.loader import DataLoader  # noqa: E402
+from stoker.loader import DataLoader, ReadOptions  # noqa: E402
 from stoker.loader.fastpath import rowmajor  # noqa: E402
 from stoker.loader.read.arrow import ArrowSource  # noqa: E402
 from stoker.manifest import Manifest  # noqa: E402
@@ -167,8 +167,8 @@ def test_row_major_option_is_checked(dataset: Manifest) -> None:
 
 def test_dataloader_passes_row_major(dataset: Manifest) -> None:
     def epoch(mode: Any) -> list[dict[str, Any]]:
-        loader = DataLoader(dataset, batch_size=16, shuffle=True, seed=3, features=FEATS,
-                            categoricals=CATS, row_major=mode)
+        loader = DataLoader(dataset, batch_size=16, shuffle=True, seed=3,
+                            read=ReadOptions(features=FEATS, categoricals=CATS, row_major=mode))
         # a small dataset's records fit the budget: shuffled reads use them, not staging,
         # unless staging is asked for
         assert (loader._source.stager is not None) == (mode == "staged")

@@ -11,7 +11,7 @@ import torch
 
 from batch_equality import assert_batches_equal
 
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, ReadOptions
 from stoker.loader.read.arrow import ArrowSource
 from stoker.manifest import Manifest
 
@@ -84,8 +84,9 @@ def test_compressed_shards_fall_back(tmp_path: Path) -> None:
 
 
 def test_dataloader_categoricals_option(mixed_dataset: Path) -> None:
-    dl = DataLoader(mixed_dataset, batch_size=16, shuffle=True, seed=3, features=FEATURES,
-                    categoricals=CATS, columns=["id", "seq"], num_workers=2)
+    dl = DataLoader(mixed_dataset, batch_size=16, shuffle=True, seed=3, columns=["id", "seq"],
+                    num_workers=2,
+                    read=ReadOptions(features=FEATURES, categoricals=CATS))
     batches = list(dl)
     first = batches[0]
     assert list(first) == ["features", "categoricals", "id", "seq", "seq_lengths"]
@@ -101,6 +102,7 @@ def test_dataloader_categoricals_option(mixed_dataset: Path) -> None:
 
 def test_categoricals_must_be_integers(mixed_dataset: Path) -> None:
     with pytest.raises(ValueError, match="categoricals.*'f0'.*integer"):
-        DataLoader(mixed_dataset, batch_size=4, categoricals=["f0"])
+        DataLoader(mixed_dataset, batch_size=4, read=ReadOptions(categoricals=["f0"]))
     with pytest.raises(ValueError, match="both features= and categoricals="):
-        DataLoader(mixed_dataset, batch_size=4, features=["c0"], categoricals=["c0"])
+        DataLoader(mixed_dataset, batch_size=4,
+                   read=ReadOptions(features=["c0"], categoricals=["c0"]))

@@ -17,7 +17,7 @@ from cache_disk import disk_use
 from fault_helpers import Figures, Stopwatch, expected_ids, ids_of, make_dataset, trials
 
 from stoker.cache import ShardCache
-from stoker.loader import DataLoader
+from stoker.loader import CacheOptions, DataLoader, ShuffleOptions
 from stoker.manifest import Manifest, StokerError
 
 EPOCHS = trials(3, 10)
@@ -58,17 +58,17 @@ def test_four_shard_budget_under_eight_readers(fault_server, after_trial, tmp_pa
     limit = 4 * largest  # the smallest a shuffled order accepts: 2 shards live + 2 fetched ahead
     # the default block size shrinks until the order's working set fits the limit (issue 12):
     # the local reference reads with the same block size
-    block = DataLoader(str(root), batch_size=8, shuffle=True, seed=10, partitions=1,
-                       cache_dir=tmp_path / "probe", cache_limit=limit).order_options.block_size
-    kw = dict(batch_size=8, shuffle=True, seed=10, partitions=1, block_size=block)
+    block = DataLoader(str(root), batch_size=8, seed=10, shuffle=ShuffleOptions(partitions=1),
+                       cache=CacheOptions(dir=tmp_path / "probe", limit=limit)).order_options.block_size
+    kw = dict(batch_size=8, shuffle=ShuffleOptions(partitions=1, block_size=block), seed=10)
     expected = [expected_ids(root, e, **kw) for e in range(EPOCHS)]
     cache = tmp_path / "cache"
     with Stopwatch() as sw, DiskSampler(cache / manifest.fingerprint) as disk:
         # the loader keeps at most 2 shards open (what a 3-shard budget can pin beside one being
         # admitted); 8 reader threads share that bound: a reader closes the oldest open shard
         # before it pins a new one, and waits when every slot is being opened
-        dl = DataLoader(fault_server.url, cache_dir=cache, cache_limit=limit, num_workers=8,
-                        **kw)
+        dl = DataLoader(fault_server.url, num_workers=8,
+                        cache=CacheOptions(dir=cache, limit=limit), **kw)
         allowance = dl._cache.inflight_allowance
         got = []
         for e in range(EPOCHS):
@@ -123,7 +123,7 @@ def test_tiny_filesystem_evicts_or_fails_clearly(tiny_fs: Path, fault_server, af
     # 1) no limit: the disk fills up; a clear error (not a hang), nothing partial left
     figures.start()
     with Stopwatch() as sw:
-        dl = DataLoader(fault_server.url, cache_dir=tiny_fs, **kw)
+        dl = DataLoader(fault_server.url, cache=tiny_fs, **kw)
         with pytest.raises(StokerError) as info:  # a CacheError, wrapped naming the samples
             ids_of(dl)
         dl.close()
@@ -138,8 +138,8 @@ def test_tiny_filesystem_evicts_or_fails_clearly(tiny_fs: Path, fault_server, af
     limit = 3 * int(manifest.shard_bytes.max())
     figures.start()
     with Stopwatch() as sw2:
-        dl = DataLoader(fault_server.url, cache_dir=tiny_fs, cache_limit=limit,
-                        cache_options={"inflight_allowance": int(manifest.shard_bytes.max())},
+        dl = DataLoader(fault_server.url,
+                        cache=CacheOptions(dir=tiny_fs, limit=limit, **{"inflight_allowance": int(manifest.shard_bytes.max())}),
                         **kw)
         assert ids_of(dl) == expected
         dl.close()

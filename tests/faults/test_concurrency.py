@@ -38,7 +38,7 @@ import json, sys
 sys.path.insert(0, sys.argv[3])
 from fault_helpers import ids_of
 from stoker.loader import DataLoader
-dl = DataLoader(sys.argv[1], cache_dir=sys.argv[2], batch_size=8, shuffle=True, seed=8)
+dl = DataLoader(sys.argv[1], cache=sys.argv[2], batch_size=8, shuffle=True, seed=8)
 ids = ids_of(dl)  # every sample checked against its id: a partial read would fail here
 print(json.dumps({"ids": ids, "fetches": dl._cache.stats().fetches}))
 dl.close()
@@ -121,7 +121,7 @@ def test_sixteen_loaders_started_at_once(nginx_dataset, after_trial, tmp_path: P
 
 def _burst_reader(url: str, cache: str, start, out: Path) -> None:
     start.wait(timeout=60)
-    dl = DataLoader(url, cache_dir=cache, **KW)
+    dl = DataLoader(url, cache=cache, **KW)
     try:
         out.write_text(json.dumps(ids_of(dl)))
     finally:

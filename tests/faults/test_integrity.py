@@ -57,7 +57,7 @@ def _remote_corruption(served, fault_server, after_trial, tmp_path, name: str, c
         cache = tmp_path / f"c{t}"
         try:
             with Stopwatch() as sw:
-                dl = DataLoader(fault_server.url, cache_dir=cache, **KW)
+                dl = DataLoader(fault_server.url, cache=cache, **KW)
                 got, exc = _consume_until_error(dl)
                 dl.close()
         finally:
@@ -84,7 +84,7 @@ def _cached_corruption(served, fault_server, after_trial, tmp_path, name: str, c
     for t in range(count):
         figures.start()
         cache = tmp_path / f"c{t}"
-        dl = DataLoader(fault_server.url, cache_dir=cache, **KW)
+        dl = DataLoader(fault_server.url, cache=cache, **KW)
         assert ids_of(dl) == expected
         dl.close()
         s = rng.randrange(manifest.num_shards)
@@ -93,7 +93,7 @@ def _cached_corruption(served, fault_server, after_trial, tmp_path, name: str, c
         before = len(fault_server.requests(manifest.shards[s].path))
         ledger = tmp_path / f"l{t}.ledger"
         with Stopwatch() as sw:
-            dl = DataLoader(fault_server.url, cache_dir=cache, ledger=ledger, **KW)
+            dl = DataLoader(fault_server.url, ledger=ledger, cache=cache, **KW)
             assert ids_of(dl) == expected  # every sample intact, none missing, same order
             stats = dl._cache.stats()
             dl.close()
@@ -156,7 +156,7 @@ def test_dirty_cache_is_repaired_at_start(served, fault_server, after_trial,
     figures.start()
     expected = expected_ids(root, **KW)
     cache = tmp_path / "cache"
-    dl = DataLoader(fault_server.url, cache_dir=cache, **KW)
+    dl = DataLoader(fault_server.url, cache=cache, **KW)
     assert ids_of(dl) == expected
     dl.close()
     d = cache / manifest.fingerprint
@@ -170,7 +170,7 @@ def test_dirty_cache_is_repaired_at_start(served, fault_server, after_trial,
     (d / "shards" / "subdir").mkdir()
     (d / "meta" / f"{77:08d}.json").write_text("{}")                # orphan sidecar
     with Stopwatch() as sw:
-        dl = DataLoader(fault_server.url, cache_dir=cache, ledger=tmp_path / "a.ledger", **KW)
+        dl = DataLoader(fault_server.url, ledger=tmp_path / "a.ledger", cache=cache, **KW)
         assert ids_of(dl) == expected
         stats = dl._cache.stats()
         dl.close()

@@ -14,7 +14,7 @@ import psutil
 import pytest
 from fault_helpers import Figures, Stopwatch, make_dataset
 
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, WorkerOptions
 from stoker.manifest import ManifestError
 from stoker.manifest.manifest import compute_fingerprint
 
@@ -63,7 +63,8 @@ def test_broken_manifest_fails_at_construction(damage: str, tmp_path: Path, afte
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
     with Stopwatch() as sw, pytest.raises(ManifestError) as info:
-        dl = DataLoader(tmp_path, batch_size=4, num_workers=2, worker_mode="process")
+        dl = DataLoader(tmp_path, batch_size=4, num_workers=2,
+                        workers=WorkerOptions(mode="process"))
         dl.close()
     assert {p.pid for p in me.children(recursive=True)} == before  # no worker started
     assert str(info.value)  # a message, not an empty error

@@ -15,7 +15,7 @@ from fault_helpers import Figures, Stopwatch, expected_ids, ids_of, make_dataset
 from fault_server import Fault
 
 from stoker.cache import RemoteFetchError, RetryPolicy, ShardCache
-from stoker.loader import DataLoader
+from stoker.loader import CacheOptions, DataLoader
 from stoker.manifest import Manifest, ShardIntegrityError, hash_file
 
 FLAKY_RUNS = trials(4, 42)
@@ -69,8 +69,9 @@ def test_flaky_network_keeps_the_exact_sequence(fault_server, after_trial, tmp_p
         cache = tmp_path / f"c{run}"
         ledger = tmp_path / f"r{run}.ledger"
         with Stopwatch() as sw:
-            dl = DataLoader(fault_server.url, cache_dir=cache, ledger=ledger,
-                            cache_options={"retry": POLICY}, **KW)
+            dl = DataLoader(fault_server.url, ledger=ledger,
+                            cache=CacheOptions(dir=cache, **{"retry": POLICY}),
+                            **KW)
             assert ids_of(dl) == expected
             stats = dl._cache.stats()
             dl.close()
@@ -194,7 +195,8 @@ def test_refusal_fails_after_one_attempt(status: int, served, fault_server, afte
     assert len(fault_server.requests(path)) == 1
     # through the loader: the prefetcher's attempt and the reader's, nothing more
     with Stopwatch() as sw2:
-        dl = DataLoader(fault_server.url, cache_dir=tmp_path / "d", cache_options={"retry": slow},
+        dl = DataLoader(fault_server.url,
+                        cache=CacheOptions(dir=tmp_path / "d", **{"retry": slow}),
                         **KW)
         with pytest.raises(Exception) as info2:
             ids_of(dl)

@@ -21,7 +21,7 @@ import psutil
 import pytest
 from fault_helpers import Figures, Stopwatch, ids_of, make_dataset, trials
 
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, WorkerOptions
 
 KILLS = trials(4, 50)
 CYCLES = trials(400, 1000)
@@ -153,7 +153,7 @@ def test_open_close_cycles_leak_nothing(mode: str, dataset: Path, after_trial) -
     me = psutil.Process()
 
     def cycle(k: int) -> None:
-        dl = DataLoader(dataset, num_workers=2, worker_mode=mode, **KW)
+        dl = DataLoader(dataset, num_workers=2, workers=WorkerOptions(mode=mode), **KW)
         for i, batch in enumerate(dl):  # an early break, at a different place each time
             if i >= k % 5:
                 break

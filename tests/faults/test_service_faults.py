@@ -22,7 +22,7 @@ from batch_equality import assert_batches_equal  # noqa: E402
 from serve_data import W1_KW, w1_dataset  # noqa: E402
 from stoker_server import StokerServer  # noqa: E402
 
-from stoker.loader import DataLoader  # noqa: E402
+from stoker.loader import DataLoader, WorkerOptions  # noqa: E402
 from stoker.loader.service.options import Service  # noqa: E402
 
 KILLS = trials(1, 20)
@@ -53,7 +53,9 @@ def test_sigkill_one_of_two_servers_mid_epoch(dataset: Path, after_trial) -> Non
         figures.start()
         servers = [StokerServer([dataset]) for _ in range(2)]
         at = rng.randrange(2, len(expected) - 4)
-        loader = DataLoader(dataset, service=Service([s.url for s in servers], timeout=60), **KW)
+        loader = DataLoader(dataset,
+                            workers=WorkerOptions(service=Service([s.url for s in servers], timeout=60)),
+                            **KW)
         got, worst, t_last = [], 0.0, time.monotonic()
         for e in (0, 1):
             loader.set_epoch(e)

@@ -21,7 +21,7 @@ import xxhash
 
 from fault_helpers import Figures, Stopwatch, make_dataset, trials
 
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, ReadOptions
 from stoker.loader.ledger.writer import LedgerError, LedgerWriter, read_ledger
 from stoker.tools.audit import audit
 
@@ -56,15 +56,17 @@ def test_tampered_derived_records_never_pass_the_audit(dataset: Path, tmp_path: 
     for t in range(TAMPERS):
         figures.start()
         store = tmp_path / f"records{t}"
-        warm = DataLoader(dataset, row_major=True, row_major_dir=store, columns=["id", "x"],
+        warm = DataLoader(dataset, columns=["id", "x"],
+                          read=ReadOptions(row_major=True, records_dir=store),
                           **KW)
         list(warm)
         warm._source.wait_row_major()
         warm.close()
         _tamper(store, rng)
         ledger = tmp_path / f"run{t}.ledger"
-        dl = DataLoader(dataset, row_major=True, row_major_dir=store, columns=["id", "x"],
-                        ledger=ledger, **KW)
+        dl = DataLoader(dataset, columns=["id", "x"], ledger=ledger,
+                        read=ReadOptions(row_major=True, records_dir=store),
+                        **KW)
         batches = [{k: v.clone() for k, v in b.items() if k in ("id", "x")} for b in dl]
         dl.close()
         wrong = [i for i, b in enumerate(batches)  # x is id / 2 in the dataset

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from fault_helpers import Figures, Stopwatch, expected_ids, ids_of, make_dataset, trials
 
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, WorkerOptions
 from stoker.loader.errors import LoaderTimeoutError
 from stoker.loader.ledger.reader import read_ledger
 
@@ -49,8 +49,9 @@ def test_killed_worker_is_restarted_and_the_sequence_continues(
     for t in range(KILLS):
         figures.start()
         ledger = tmp_path / f"t{t}.ledger"
-        dl = DataLoader(dataset, num_workers=2, worker_mode="process", transform=_slow,
-                        pin_memory=pin_memory, persistent_workers=persistent, ledger=ledger, **KW)
+        dl = DataLoader(dataset, num_workers=2, transform=_slow, pin_memory=pin_memory,
+                        persistent_workers=persistent, ledger=ledger,
+                        workers=WorkerOptions(mode="process"), **KW)
         steps = len(dl)
         kill_epoch, kill_step = rng.randrange(epochs), rng.randrange(1, steps - 4)
         worst = 0.0
@@ -96,8 +97,9 @@ def test_stopped_worker_is_a_timeout_naming_the_batch(persistent: bool, dataset:
     timeout = 2.0
     figures = Figures(f"13 SIGSTOP a worker (persistent={persistent})")
     figures.start()
-    dl = DataLoader(dataset, num_workers=2, worker_mode="process", transform=_slow,
-                    timeout=timeout, persistent_workers=persistent, **KW)
+    dl = DataLoader(dataset, num_workers=2, transform=_slow, timeout=timeout,
+                    persistent_workers=persistent,
+                    workers=WorkerOptions(mode="process"), **KW)
     it = iter(dl)
     for _ in range(3):
         next(it)
@@ -124,8 +126,9 @@ def test_process_workers_read_through_the_cache(served, fault_server, after_tria
     expected = expected_ids(root, **KW)
     for persistent in (False, True):
         cache = tmp_path / f"c{persistent}"
-        dl = DataLoader(fault_server.url, cache_dir=cache, num_workers=2, worker_mode="process",
-                        persistent_workers=persistent, **KW)
+        dl = DataLoader(fault_server.url, num_workers=2, persistent_workers=persistent,
+                        cache=cache, workers=WorkerOptions(mode="process"),
+                        **KW)
         assert ids_of(dl) == expected
         dl.set_epoch(0)
         assert ids_of(dl) == expected

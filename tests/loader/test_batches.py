@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, ReadOptions, ShuffleOptions
 from stoker.manifest import Manifest, ManifestError
 
 
@@ -26,7 +26,8 @@ def test_batches_match_reference_rows(tmp_path, compression) -> None:
 
     make_dataset(tmp_path, [13, 29, 7], compression=compression, batch_rows=5)
     ref = _reference_rows(tmp_path)
-    dl = DataLoader(tmp_path, batch_size=11, shuffle=True, seed=4, partitions=2, num_workers=2)
+    dl = DataLoader(tmp_path, batch_size=11, seed=4, num_workers=2,
+                    shuffle=ShuffleOptions(partitions=2))
     seen = 0
     for batch in dl:
         ids = batch["id"].tolist()
@@ -44,7 +45,7 @@ def test_batches_match_reference_rows(tmp_path, compression) -> None:
 
 
 def test_features_and_columns(dataset) -> None:
-    dl = DataLoader(dataset, batch_size=8, columns=["id"], features=["x", "y"])
+    dl = DataLoader(dataset, batch_size=8, columns=["id"], read=ReadOptions(features=["x", "y"]))
     batch = next(iter(dl))
     assert set(batch) == {"id", "features"}
     assert batch["features"].dtype == torch.float32 and batch["features"].shape == (8, 2)

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from loader_helpers import make_dataset
 
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, ReadOptions
 from stoker.loader.read.arrow import ArrowSource
 from stoker.manifest import Manifest, ShardIntegrityError, compute_fingerprint
 from stoker.manifest.manifest import encode_runs
@@ -82,7 +82,7 @@ def test_the_loader_raises_it_and_names_the_shard(pristine: Path, tmp_path: Path
     root = tmp_path / "d"
     shutil.copytree(pristine, root)
     _corrupt(root, 1, [BATCH_ROWS] * 3 + [9])  # 33 rows listed, the file holds 25
-    dl = DataLoader(root, batch_size=16, shuffle=False, row_major=False)
+    dl = DataLoader(root, batch_size=16, shuffle=False, read=ReadOptions(row_major=False))
     with pytest.raises(ShardIntegrityError,
                        match=r"shard 1 .*8 x 3 \+ 1 rows .*manifest lists 8 x 3 \+ 9") as info:
         list(dl)

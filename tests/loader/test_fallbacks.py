@@ -16,7 +16,7 @@ import pytest
 
 from loader_helpers import make_dataset
 
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, WorkerOptions
 from stoker.loader.ledger.writer import read_ledger
 
 
@@ -32,7 +32,7 @@ def test_compressed_shards_are_a_counted_logged_recorded_fallback(
         zstd_dataset: Path, tmp_path: Path, workers: int, mode: str, caplog) -> None:
     ledger = tmp_path / "run.ledger"
     dl = DataLoader(zstd_dataset, batch_size=10, shuffle=True, seed=3, num_workers=workers,
-                    worker_mode=mode, ledger=ledger)
+                    ledger=ledger, workers=WorkerOptions(mode=mode))
     with caplog.at_level(logging.WARNING, logger="stoker.loader"):
         batches = len(list(dl))
     dl.close()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, ShuffleOptions, WorkerOptions
 from stoker.loader.order.epoch import EpochOrder
 
 from loader_helpers import global_batches, ids_of
@@ -25,8 +25,9 @@ def reference(dataset):
                           ("process", 1), ("process", 2), ("process", 4)])
 def test_workers_do_not_change_order(dataset, reference, num_workers, worker_mode) -> None:
     for epoch in (0, 1):
-        got = global_batches(dataset, 1, G, epoch=epoch, shuffle=True, seed=11, partitions=4,
-                             num_workers=num_workers, worker_mode=worker_mode)
+        got = global_batches(dataset, 1, G, epoch=epoch, seed=11,
+                             shuffle=ShuffleOptions(partitions=4), num_workers=num_workers,
+                             workers=WorkerOptions(mode=worker_mode))
         assert got == reference[epoch]
 
 
@@ -49,8 +50,8 @@ def test_epoch_is_a_permutation_and_epochs_differ(dataset, reference) -> None:
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_rank_opens_only_its_partitions_shards(dataset, world_size) -> None:
     for rank in range(world_size):
-        dl = DataLoader(dataset, batch_size=8, shuffle=True, seed=5, partitions=4, rank=rank,
-                        world_size=world_size)
+        dl = DataLoader(dataset, batch_size=8, seed=5, rank=rank, world_size=world_size,
+                        shuffle=ShuffleOptions(partitions=4))
         ids_of(dl)
         order = EpochOrder(dl._source.shard_rows, dl._source.fingerprint, dl.seed, 0,
                            dl.order_options)
@@ -66,8 +67,9 @@ def test_ranks_take_equal_step_counts(dataset, drop_last) -> None:
     n = int(np.sum(DataLoader(dataset)._source.shard_rows))
     counts = []
     for rank in range(4):
-        dl = DataLoader(dataset, batch_size=9, shuffle=True, seed=1, partitions=4, rank=rank,
-                        world_size=4, drop_last=drop_last)
+        dl = DataLoader(dataset, batch_size=9, seed=1, rank=rank, world_size=4,
+                        drop_last=drop_last,
+                        shuffle=ShuffleOptions(partitions=4))
         batches = ids_of(dl)
         counts.append((len(batches), len(dl)))
         assert all(len(b) == 9 for b in batches[:-1])

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 from torch_compare import assert_same
 
-from stoker.loader import DataLoader, StateError
+from stoker.loader import DataLoader, StateError, WorkerOptions
 from stoker.loader.ledger.reader import read_ledger
 
 
@@ -64,7 +64,7 @@ WORKERS = [(0, None), (2, "thread"), (3, "process"), (2, "process")]
 @pytest.mark.parametrize("kw", ARGS, ids=["batch4", "drop_last", "no_batching", "collate_fn"])
 def test_same_batches_as_torch(kw, num_workers, mode) -> None:
     theirs = list(torch.utils.data.DataLoader(Shards(), num_workers=num_workers, **kw))
-    loader = DataLoader(Shards(), num_workers=num_workers, worker_mode=mode, **kw)
+    loader = DataLoader(Shards(), num_workers=num_workers, workers=WorkerOptions(mode=mode), **kw)
     assert len(loader) == len(torch.utils.data.DataLoader(Shards(), **kw))
     assert_same(theirs, list(loader))
     loader.close()
@@ -73,7 +73,7 @@ def test_same_batches_as_torch(kw, num_workers, mode) -> None:
 @pytest.mark.parametrize(("num_workers", "mode"), WORKERS)
 def test_error_keeps_its_type(num_workers, mode) -> None:
     loader = DataLoader(Shards(fail_at=9), batch_size=4, num_workers=num_workers,
-                        worker_mode=mode)
+                        workers=WorkerOptions(mode=mode))
     with pytest.raises(LookupError, match="item 9 is missing"):
         list(loader)
     loader.close()
@@ -93,7 +93,7 @@ def test_ledger_marks_the_run_and_records_content(tmp_path) -> None:
 
 @pytest.mark.parametrize(("num_workers", "mode"), [(0, None), (2, "process")])
 def test_stateful_dataset_resumes_mid_epoch(num_workers, mode) -> None:
-    kw = dict(batch_size=3, num_workers=num_workers, worker_mode=mode)
+    kw = dict(batch_size=3, num_workers=num_workers, workers=WorkerOptions(mode=mode))
     whole = [b["i"].tolist() for b in DataLoader(Resumable(), **kw)]
     first = DataLoader(Resumable(), **kw)
     it = iter(first)
@@ -114,6 +114,7 @@ def test_without_state_dict_the_state_says_why() -> None:
     assert state["resumable"] is False and "Stateful" in state["reason"]
     with pytest.raises(StateError, match="does not implement state_dict"):
         DataLoader(Shards(), batch_size=3).load_state_dict(state)
-    resumable = DataLoader(Resumable(), batch_size=3, num_workers=2, worker_mode="process")
+    resumable = DataLoader(Resumable(), batch_size=3, num_workers=2,
+                           workers=WorkerOptions(mode="process"))
     with pytest.raises(StateError, match="num_workers=0 and this loader has 2"):
         resumable.load_state_dict(DataLoader(Resumable(), batch_size=3).state_dict())

@@ -20,7 +20,7 @@ def test_a_state_of_the_old_defaults_names_them_and_continues_with_them(dataset:
     rows = Manifest.load(str(dataset)).shard_rows
     old = OrderOptions(partitions=32).resolve(rows)  # what the loader used to choose
     kw = dict(batch_size=16, shuffle=True, seed=4)
-    then = DataLoader(str(dataset), partitions=old.partitions, block_size=old.block_size, **kw)
+    then = DataLoader(str(dataset), **kw)
     it = iter(then)
     for _ in range(3):
         next(it)
@@ -31,7 +31,7 @@ def test_a_state_of_the_old_defaults_names_them_and_continues_with_them(dataset:
     with pytest.raises(StateError) as err:
         now.load_state_dict(state)
     assert f"partitions={old.partitions}, block_size={old.block_size}" in str(err.value)
-    again = DataLoader(str(dataset), partitions=old.partitions, block_size=old.block_size, **kw)
+    again = DataLoader(str(dataset), **kw)
     again.load_state_dict(state)
     got = ids_of(again)
     assert got == expected and len(np.concatenate(got)) > 0

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from stoker.loader import DataLoader, StateError
+from stoker.loader import DataLoader, ShuffleOptions, StateError
 
 from loader_helpers import global_batches, run_with_resume
 
@@ -21,7 +21,7 @@ def _uninterrupted(dataset, **kw) -> list[int]:
 @pytest.mark.parametrize("trial", range(10))
 def test_random_stop_points_with_worker_changes(dataset, trial: int) -> None:
     """5 stops per trial x 10 trials = 50 random stop points, num_workers switching 0 <-> 4."""
-    kw = dict(batch_size=24, shuffle=True, seed=2024, partitions=4)
+    kw = dict(batch_size=24, shuffle=ShuffleOptions(partitions=4), seed=2024)
     expected = _uninterrupted(dataset, **kw)
     steps_per_epoch = len(DataLoader(dataset, **kw))
     rng = random.Random(trial)
@@ -41,21 +41,22 @@ def test_resume_across_world_sizes(dataset, trial: int) -> None:
     reference = [i for e in range(2) for b in global_batches(dataset, 1, g, epoch=e, shuffle=True,
                                                              seed=9, partitions=4) for i in b]
     rng = random.Random(100 + trial)
-    steps = len(DataLoader(dataset, batch_size=g, partitions=4))
+    steps = len(DataLoader(dataset, batch_size=g))
     stop = rng.randrange(1, 2 * steps - 1)
     sizes = (2, 4) if trial % 2 == 0 else (4, 2)
     consumed: list[int] = []
     # phase 1: world size sizes[0] runs `stop` global steps
-    loaders = [DataLoader(dataset, batch_size=g // sizes[0], shuffle=True, seed=9, partitions=4,
-                          rank=r, world_size=sizes[0]) for r in range(sizes[0])]
+    loaders = [DataLoader(dataset, batch_size=g // sizes[0], seed=9, rank=r, world_size=sizes[0],
+                          shuffle=ShuffleOptions(partitions=4)) for r in range(sizes[0])]
     consumed += _lockstep(loaders, stop)
     state = loaders[0].state_dict()
     for dl in loaders:
         dl.close()
     json.dumps(state)  # plain values only
     # phase 2: world size sizes[1] continues from rank 0's state
-    loaders = [DataLoader(dataset, batch_size=g // sizes[1], shuffle=True, seed=9, partitions=4,
-                          rank=r, world_size=sizes[1], num_workers=2) for r in range(sizes[1])]
+    loaders = [DataLoader(dataset, batch_size=g // sizes[1], seed=9, rank=r, world_size=sizes[1],
+                          num_workers=2,
+                          shuffle=ShuffleOptions(partitions=4)) for r in range(sizes[1])]
     for dl in loaders:
         dl.load_state_dict(state)
     consumed += _lockstep(loaders, 2 * steps - stop)
@@ -88,7 +89,7 @@ def _lockstep(loaders: list[DataLoader], steps: int) -> list[int]:
 
 
 def test_state_round_trip_and_chained_resumes(dataset) -> None:
-    kw = dict(batch_size=50, shuffle=True, seed=1, partitions=4)
+    kw = dict(batch_size=50, shuffle=ShuffleOptions(partitions=4), seed=1)
     dl = DataLoader(dataset, **kw)
     it = iter(dl)
     next(it)
@@ -107,11 +108,11 @@ def test_state_from_another_dataset_is_refused(dataset, other_dataset) -> None:
 @pytest.mark.parametrize(("change", "match"), [
     ({"batch_size": 8}, "global batch"),
     ({"shuffle": False}, "order options"),
-    ({"partitions": 8}, "order options"),
+    ({"shuffle": ShuffleOptions(partitions=8)}, "order options"),
     ({"drop_last": True}, "drop_last"),
 ])
 def test_incompatible_options_are_refused(dataset, change, match) -> None:
-    kw = dict(batch_size=4, shuffle=True, seed=0, partitions=4)
+    kw = dict(batch_size=4, shuffle=ShuffleOptions(partitions=4), seed=0)
     state = DataLoader(dataset, **kw).state_dict()
     with pytest.raises(StateError, match=match):
         DataLoader(dataset, **{**kw, **change}).load_state_dict(state)

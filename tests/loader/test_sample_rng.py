@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, WorkerOptions
 
 N, BATCH = 40, 4
 
@@ -68,12 +68,12 @@ def reference() -> dict[int, tuple[float, ...]]:
 @pytest.mark.parametrize(("num_workers", "mode"), CONFIGS)
 def test_same_values_on_every_run_whatever_the_workers(reference, num_workers, mode) -> None:
     for _ in range(3):
-        assert run(seed=7, shuffle=True, num_workers=num_workers, worker_mode=mode) == reference
+        assert run(seed=7, shuffle=True, num_workers=num_workers, workers=WorkerOptions(mode=mode)) == reference
 
 
 def test_consumer_draws_do_not_change_the_values(reference) -> None:
     assert run(seed=7, shuffle=True, draw_between=True) == reference
-    assert run(seed=7, shuffle=True, num_workers=2, worker_mode="process",
+    assert run(seed=7, shuffle=True, num_workers=2, workers=WorkerOptions(mode="process"),
                draw_between=True) == reference
 
 
@@ -91,7 +91,8 @@ def test_mid_epoch_resume_does_not_change_the_values(reference, num_workers, mod
     state = first.state_dict()
     first.close()
     second = DataLoader(Augmented(), batch_size=BATCH, seed=7, shuffle=True,
-                        num_workers=num_workers, worker_mode=mode)
+                        num_workers=num_workers,
+                        workers=WorkerOptions(mode=mode))
     second.load_state_dict(state)
     tail = list(second)
     second.close()
@@ -103,7 +104,7 @@ def test_seed_from_torch_manual_seed_is_reproducible() -> None:
     runs = []
     for mode in ("thread", "process", "thread"):
         torch.manual_seed(0), np.random.seed(0), random.seed(0)
-        runs.append(run(num_workers=2, worker_mode=mode))
+        runs.append(run(num_workers=2, workers=WorkerOptions(mode=mode)))
     assert runs[0] == runs[1] == runs[2]
 
 
@@ -120,7 +121,8 @@ def test_the_values_depend_on_seed_and_epoch(reference) -> None:
 def test_getitems_calls_are_seeded_by_their_ids() -> None:
     ref = run(AugmentedBatches(), seed=3)
     for num_workers, mode in [(2, "thread"), (2, "process")]:
-        assert run(AugmentedBatches(), seed=3, num_workers=num_workers, worker_mode=mode) == ref
+        assert run(AugmentedBatches(), seed=3, num_workers=num_workers,
+                   workers=WorkerOptions(mode=mode)) == ref
 
 
 def test_opting_out_gives_torch_values() -> None:
@@ -128,5 +130,5 @@ def test_opting_out_gives_torch_values() -> None:
     torch.manual_seed(5)
     theirs = values(torch.utils.data.DataLoader(Augmented(), batch_size=BATCH))
     torch.manual_seed(5)
-    assert [v[0] for v in run(sample_seeding=False).values()] == \
+    assert [v[0] for v in run(workers=WorkerOptions(sample_seeding=False)).values()] == \
         [v[0] for v in theirs.values()]

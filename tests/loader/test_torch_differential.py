@@ -20,7 +20,7 @@ from torch.utils.data import BatchSampler, Dataset, IterableDataset, SequentialS
 from torch.utils.data import SubsetRandomSampler
 from torch_compare import assert_same
 
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, WorkerOptions
 
 
 class Pairs(Dataset):
@@ -113,7 +113,8 @@ def _outcome(loader: Any) -> tuple[str, Any]:
 def test_same_batches(row: str, num_workers: int, mode: str | None) -> None:
     make, kw = ROWS[row]
     theirs = list(torch.utils.data.DataLoader(make(), num_workers=num_workers, **kw()))
-    ours_loader = DataLoader(make(), num_workers=num_workers, worker_mode=mode, **kw())
+    ours_loader = DataLoader(make(), num_workers=num_workers, workers=WorkerOptions(mode=mode),
+                             **kw())
     assert len(ours_loader) == len(theirs)
     assert_same(theirs, list(ours_loader))
     ours_loader.close()
@@ -132,7 +133,9 @@ ERRORS = {
 def test_same_exception_types(row: str, num_workers: int, mode: str | None) -> None:
     make, kw = ERRORS[row]
     kind, theirs = _outcome(torch.utils.data.DataLoader(make(), num_workers=num_workers, **kw))
-    ours_kind, ours = _outcome(DataLoader(make(), num_workers=num_workers, worker_mode=mode, **kw))
+    ours_kind, ours = _outcome(DataLoader(make(), num_workers=num_workers,
+                                          workers=WorkerOptions(mode=mode),
+                                          **kw))
     assert (ours_kind, type(ours)) == (kind, type(theirs)), (ours, theirs)
 
 
@@ -140,7 +143,7 @@ def test_same_exception_types(row: str, num_workers: int, mode: str | None) -> N
 def test_timeout_is_a_runtime_error_as_in_torch(mode: str) -> None:
     kw = dict(batch_size=2, sampler=[4, 5], num_workers=1, timeout=0.2)
     kind, theirs = _outcome(torch.utils.data.DataLoader(Slow(), **kw))
-    ours_kind, ours = _outcome(DataLoader(Slow(), worker_mode=mode, **kw))
+    ours_kind, ours = _outcome(DataLoader(Slow(), workers=WorkerOptions(mode=mode), **kw))
     assert kind == ours_kind == "error" and type(theirs) is RuntimeError
     assert isinstance(ours, RuntimeError) and isinstance(ours, TimeoutError)
 
@@ -214,8 +217,8 @@ def test_same_warnings() -> None:
 def test_multiprocessing_context_as_object_or_name() -> None:
     data = torch.utils.data.TensorDataset(torch.arange(29))  # importable in a spawned worker
     for context in ("fork", multiprocessing.get_context("spawn")):
-        loader = DataLoader(data, batch_size=10, num_workers=1, worker_mode="process",
-                            multiprocessing_context=context)
+        loader = DataLoader(data, batch_size=10, num_workers=1, multiprocessing_context=context,
+                            workers=WorkerOptions(mode="process"))
         assert isinstance(loader.multiprocessing_context, multiprocessing.context.BaseContext)
         assert_same(list(torch.utils.data.DataLoader(data, batch_size=10)), list(loader))
         loader.close()

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils.data import get_worker_info
 
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, WorkerOptions
 from stoker.loader.ledger.reader import read_ledger
 
 
@@ -55,16 +55,19 @@ def test_main_process_has_no_worker_info() -> None:
 
 @pytest.mark.parametrize("mode", ["thread", "process"])
 def test_every_worker_mode_gives_torch_worker_info(mode: str) -> None:
-    rows = _rows(DataLoader(Probe(), batch_size=6, num_workers=2, worker_mode=mode,
-                            seed=11, worker_init_fn=_tag_worker if mode == "process" else None))
+    rows = _rows(DataLoader(Probe(), batch_size=6, num_workers=2, seed=11,
+                            worker_init_fn=_tag_worker if mode == "process" else None,
+                            workers=WorkerOptions(mode=mode)))
     assert sorted(r["i"] for r in rows) == list(range(24))
     assert {r["id"] for r in rows} <= {0, 1} and {r["n"] for r in rows} == {2}
     assert all(r["own"] for r in rows)
     bases = {r["seed"] - r["id"] for r in rows}
     assert len(bases) == 1  # seed = base_seed + id, as torch
-    again = _rows(DataLoader(Probe(), batch_size=6, num_workers=2, worker_mode=mode, seed=11))
+    again = _rows(DataLoader(Probe(), batch_size=6, num_workers=2, seed=11,
+                             workers=WorkerOptions(mode=mode)))
     assert {r["seed"] - r["id"] for r in again} == bases  # derived from the loader's seed
-    other = _rows(DataLoader(Probe(), batch_size=6, num_workers=2, worker_mode=mode, seed=12))
+    other = _rows(DataLoader(Probe(), batch_size=6, num_workers=2, seed=12,
+                             workers=WorkerOptions(mode=mode)))
     assert {r["seed"] - r["id"] for r in other} != bases
     if mode == "process":
         # each worker configured its own copy; one intra-op thread per worker, as torch
@@ -80,8 +83,8 @@ def test_thread_worker_init_fn_sees_its_worker() -> None:
         info = get_worker_info()
         seen.append((worker_id, info.id))
 
-    _rows(DataLoader(Probe(), batch_size=6, num_workers=3, worker_mode="thread",
-                     worker_init_fn=init))
+    _rows(DataLoader(Probe(), batch_size=6, num_workers=3, worker_init_fn=init,
+                     workers=WorkerOptions(mode="thread")))
     assert sorted(seen) == [(0, 0), (1, 1), (2, 2)]
     assert get_worker_info() is None  # not left behind in the main thread
 
@@ -97,7 +100,8 @@ class KillsItsWorker(torch.utils.data.Dataset):
 
 
 def test_dead_worker_is_a_runtime_error_naming_pid_and_signal() -> None:
-    dl = DataLoader(KillsItsWorker(), batch_size=2, num_workers=2, worker_mode="process")
+    dl = DataLoader(KillsItsWorker(), batch_size=2, num_workers=2,
+                    workers=WorkerOptions(mode="process"))
     with pytest.raises(RuntimeError, match=r"worker process \d \(pid \d+\) was killed by "
                                            r"signal 9 \(SIGKILL\) producing batch 2") as info:
         list(dl)
@@ -119,8 +123,8 @@ def test_in_order_false_yields_batches_as_they_are_ready(tmp_path) -> None:
     """As torch's in_order=False; the ledger says the order contract is off, and a state
     saved mid-epoch resumes without repeating or skipping a batch."""
     ledger = tmp_path / "run.ledger"
-    dl = DataLoader(SlowFirst(), batch_size=2, num_workers=2, worker_mode="process",
-                    in_order=False, ledger=ledger)
+    dl = DataLoader(SlowFirst(), batch_size=2, num_workers=2, in_order=False, ledger=ledger,
+                    workers=WorkerOptions(mode="process"))
     it = iter(dl)
     head = [next(it).tolist() for _ in range(3)]
     assert [0, 1] not in head  # batch 0 (sample 0 sleeps) was overtaken
@@ -132,14 +136,15 @@ def test_in_order_false_yields_batches_as_they_are_ready(tmp_path) -> None:
     again.load_state_dict(state)
     tail = [b.tolist() for b in again]
     assert sorted(head + tail) == [[2 * k, 2 * k + 1] for k in range(8)]
-    ordered = DataLoader(SlowFirst(), batch_size=2, num_workers=2, worker_mode="process")
+    ordered = DataLoader(SlowFirst(), batch_size=2, num_workers=2,
+                         workers=WorkerOptions(mode="process"))
     assert [b.tolist() for b in ordered][0] == [0, 1]  # in_order=True (default) keeps order
     ordered.close()
 
 
 _CONV_AFTER_PARENT = """
 import torch
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, WorkerOptions
 
 class Conv(torch.utils.data.Dataset):
     def __len__(self):
@@ -150,7 +155,8 @@ class Conv(torch.utils.data.Dataset):
 
 torch.set_num_threads(2)  # the parent's intra-op pool is running before the workers fork
 torch.nn.functional.conv2d(torch.randn(4, 8, 128, 128), torch.randn(8, 8, 3, 3))
-print(len(list(DataLoader(Conv(), batch_size=2, num_workers=2, worker_mode="process"))))
+print(len(list(DataLoader(Conv(), batch_size=2, num_workers=2,
+                          workers=WorkerOptions(mode="process")))))
 """
 
 

@@ -10,7 +10,7 @@ import psutil
 import pytest
 import torch
 
-from stoker.loader import DataLoader, LoaderTimeoutError, WorkerError
+from stoker.loader import DataLoader, LoaderTimeoutError, WorkerError, WorkerOptions
 
 
 class Squares(torch.utils.data.Dataset):
@@ -50,7 +50,8 @@ def _wait_clean(before_children: int, before_threads: set[threading.Thread]) -> 
 def test_worker_error_names_the_sample(worker_mode) -> None:
     """As torch: the dataset's own exception type (was stoker's WorkerError), with notes
     naming the sample, the batch and the worker."""
-    dl = DataLoader(Squares(50, bad=17), batch_size=5, num_workers=2, worker_mode=worker_mode)
+    dl = DataLoader(Squares(50, bad=17), batch_size=5, num_workers=2,
+                    workers=WorkerOptions(mode=worker_mode))
     with pytest.raises(KeyError, match=r"sample 17 is broken") as info:
         list(dl)
     notes = "\n".join(info.value.__notes__)
@@ -78,7 +79,7 @@ def test_timeout_is_honoured(worker_mode) -> None:
     # longer: an abandoned thread worker finishes its batch holding the process-wide user-code
     # lock (stoker.loader.workers.info), which the next tests' thread workers wait for
     dl = DataLoader(Squares(8, slow=3.0), batch_size=4, num_workers=1, timeout=0.3,
-                    worker_mode=worker_mode)
+                    workers=WorkerOptions(mode=worker_mode))
     with pytest.raises(LoaderTimeoutError, match="timeout=0.3") as info:
         next(iter(dl))
     assert isinstance(info.value, RuntimeError)  # what torch raises on a timeout
@@ -90,7 +91,8 @@ def test_timeout_is_honoured(worker_mode) -> None:
 def test_no_worker_left_behind(worker_mode, ending) -> None:
     gc.collect()
     before, threads = len(_children()), _threads()
-    dl = DataLoader(Squares(200), batch_size=4, num_workers=3, worker_mode=worker_mode)
+    dl = DataLoader(Squares(200), batch_size=4, num_workers=3,
+                    workers=WorkerOptions(mode=worker_mode))
     if ending == "exhaust":
         assert len(list(dl)) == 50
     elif ending == "break":
@@ -127,7 +129,7 @@ def test_worker_init_fn_runs_in_each_worker() -> None:
     # thread workers: the list is shared (process workers, the default for a torch dataset,
     # append to their own copy, as in torch)
     dl = DataLoader(Squares(16), batch_size=4, num_workers=3, worker_init_fn=seen.append,
-                    worker_mode="thread")
+                    workers=WorkerOptions(mode="thread"))
     list(dl)
     assert sorted(seen) == [0, 1, 2]
     dl.close()
@@ -141,7 +143,7 @@ def test_transform_runs_on_whole_batches_in_workers() -> None:
         return batch + 1
 
     dl = DataLoader(Squares(12), batch_size=4, num_workers=2, transform=transform,
-                    worker_mode="thread")
+                    workers=WorkerOptions(mode="thread"))
     assert [b.tolist() for b in dl] == [[1, 2, 5, 10], [17, 26, 37, 50], [65, 82, 101, 122]]
     assert names and all(n.startswith("stoker-worker") for n in names)
     dl.close()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, LedgerOptions
 from stoker.loader.ledger.writer import LedgerWriter, read_ledger
 from stoker.loader.order.mixture import Mixture
 from stoker.tools.audit import audit
@@ -23,7 +23,7 @@ def _mixture(sources) -> Mixture:
                    {"web": math.sqrt(2), "code": math.sqrt(3), "books": math.sqrt(5)}, SCHEDULE)
 
 
-def _run(mix: Mixture, ledger: Path, epochs: int = 3, **kw) -> None:
+def _run(mix: Mixture, ledger: Path | LedgerOptions, epochs: int = 3, **kw) -> None:
     dl = DataLoader(mix, batch_size=kw.pop("batch_size", 16), shuffle=True, seed=31,
                     ledger=ledger, **kw)
     for e in range(epochs):
@@ -92,7 +92,7 @@ def test_world_size_two_run_is_replayed_per_rank(sources, tmp_path: Path) -> Non
 
 def test_recorded_ids_prove_every_pass(sources, tmp_path: Path) -> None:
     mix = _mixture(sources)
-    _run(mix, tmp_path / "ids.ledger", epochs=4, ledger_ids=True)
+    _run(mix, LedgerOptions(tmp_path / "ids.ledger", ids=True), epochs=4)
     report = audit(tmp_path / "ids.ledger")
     assert report.reproducible, report.to_json()
     for src in report.check("sources").details["sources"]:
@@ -104,7 +104,7 @@ def test_recorded_ids_prove_every_pass(sources, tmp_path: Path) -> None:
 def test_a_sample_read_twice_in_a_pass_fails(sources, tmp_path: Path) -> None:
     mix = _mixture(sources)
     clean = tmp_path / "clean.ledger"
-    _run(mix, clean, epochs=1, ledger_ids=True)
+    _run(mix, LedgerOptions(clean, ids=True), epochs=1)
     led = read_ledger(clean)
     head = {k: v for k, v in led.segments[0].header.items() if k != "content"}
     bad = tmp_path / "bad.ledger"

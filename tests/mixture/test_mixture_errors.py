@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from mixture_helpers import make_source
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, ReadOptions
 from stoker.loader.order.mixture import Mixture, MixtureError
 from stoker.manifest import ManifestError
 
@@ -71,7 +71,7 @@ def test_incompatible_column_types_name_source_column_and_types(sources, tmp_pat
         DataLoader(mix, batch_size=4)
     assert isinstance(info.value, MixtureError)
     DataLoader(mix, batch_size=4, columns=["id", "seq"]).close()  # leaving it out works
-    DataLoader(mix, batch_size=4, columns=["id"], features=["x"]).close()  # cast anyway
+    DataLoader(mix, batch_size=4, columns=["id"], read=ReadOptions(features=["x"])).close()  # cast anyway
 
 
 def test_a_column_missing_from_one_source(sources, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mixture_helpers import expected, make_source, pairs
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, ShuffleOptions, WorkerOptions
 from stoker.loader.order.mixture import Mixture
 
 WEIGHTS = {"web": math.sqrt(2), "code": math.sqrt(3), "books": math.sqrt(5)}
@@ -43,7 +43,7 @@ def test_batches_follow_the_blend_and_each_sources_own_order(sources) -> None:
 
 def test_every_pass_is_a_permutation_and_the_next_pass_a_fresh_order(sources) -> None:
     mix = _mixture(sources)
-    dl = DataLoader(mix, batch_size=32, shuffle=True, seed=5, partitions=4)
+    dl = DataLoader(mix, batch_size=32, seed=5, shuffle=ShuffleOptions(partitions=4))
     got = pairs(_epochs(dl, 8))
     for i, size in enumerate(mix.sizes):
         ids = [sid for s, sid in got if s == i]
@@ -73,7 +73,7 @@ def test_batch_source_column_and_realised_proportions(sources) -> None:
 
 
 @pytest.mark.parametrize("kw", [dict(num_workers=2), dict(num_workers=4),
-                                dict(num_workers=2, worker_mode="process")],
+                                dict(num_workers=2, workers=WorkerOptions(mode="process"))],
                          ids=["threads2", "threads4", "processes2"])
 def test_stream_is_identical_for_every_worker_count_and_mode(sources, kw) -> None:
     mix = _mixture(sources)
@@ -128,7 +128,8 @@ def test_resume_with_other_workers_continues_exactly(sources, trial: int) -> Non
     state = json.loads(json.dumps(dl.state_dict()))
     dl.close()
     resumed = DataLoader(mix, num_workers=[4, 0, 2, 1][trial],
-                         worker_mode="process" if trial == 3 else "thread", **kw)
+                         workers=WorkerOptions(mode="process" if trial == 3 else "thread"),
+                         **kw)
     resumed.load_state_dict(state)
     while resumed.epoch < 3:
         got += pairs(resumed)
@@ -233,7 +234,7 @@ def test_a_remote_source_is_cached_and_read_on_its_own(sources, nginx, tmp_path:
     mix = Mixture({"web": str(sources["web"]), "code": server.url,
                    "books": str(sources["books"])}, WEIGHTS)
     dl = DataLoader(mix, batch_size=16, shuffle=True, seed=9, num_workers=2,
-                    cache_dir=tmp_path / "cache")
+                    cache=tmp_path / "cache")
     assert not dl._source.union  # a remote source has its own reader and cache
     got = pairs(_epochs(dl, 3))
     assert got == expected(mix, 9, 0, 3 * mix.num_samples, dl.order_options)

@@ -11,7 +11,7 @@ import pytest
 
 from batch_equality import assert_batches_equal
 from serve_data import W1_KW
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, WorkerOptions
 from stoker.loader.service.errors import ServiceUnavailableError
 from stoker.loader.service.options import Service
 
@@ -30,7 +30,7 @@ def test_dask_launch_serves_and_stops(w1: Path) -> None:
             urls = [cli.stdout.readline().strip() for _ in range(2)]  # type: ignore[union-attr]
             assert all(u.startswith("grpc://127.0.0.1:") for u in urls), urls
             local = list(DataLoader(w1, **KW))
-            loader = DataLoader(w1, service=urls, **KW)
+            loader = DataLoader(w1, workers=WorkerOptions(service=urls), **KW)
             served = list(loader)
             assert len(served) == len(local)
             for x, y in zip(local, served):
@@ -43,4 +43,5 @@ def test_dask_launch_serves_and_stops(w1: Path) -> None:
         assert code == 0, err
         assert "stopped 2 servers" in err
         with pytest.raises(ServiceUnavailableError):  # the servers are gone
-            next(iter(DataLoader(w1, service=Service(urls, timeout=1.0), **KW)))
+            next(iter(DataLoader(w1, workers=WorkerOptions(service=Service(urls, timeout=1.0)),
+                                 **KW)))

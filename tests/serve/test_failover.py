@@ -12,7 +12,7 @@ import pytest
 
 from batch_equality import assert_batches_equal
 from serve_data import W1_KW
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, WorkerOptions
 from stoker.loader.service.errors import ServiceUnavailableError
 from stoker.loader.service.options import Service
 from stoker_server import StokerServer
@@ -42,7 +42,7 @@ def test_all_servers_down_names_every_url(w1: Path) -> None:
     urls = [s.url for s in servers]
     for s in servers:
         s.stop()
-    loader = DataLoader(w1, service=Service(urls, timeout=3.0), **KW)
+    loader = DataLoader(w1, workers=WorkerOptions(service=Service(urls, timeout=3.0)), **KW)
     t0 = time.monotonic()
     with pytest.raises(ServiceUnavailableError) as info:
         next(iter(loader))
@@ -57,7 +57,7 @@ def test_a_stalled_server_is_hedged_around(w1: Path) -> None:
     expected = _local(w1)
     with StokerServer([w1]) as a, StokerServer([w1]) as b:
         service = Service([a.url, b.url], timeout=60.0, hedge_min=0.05)
-        loader = DataLoader(w1, service=service, **KW)
+        loader = DataLoader(w1, workers=WorkerOptions(service=service), **KW)
         got = []
         for e in (0, 1):
             loader.set_epoch(e)
@@ -79,7 +79,7 @@ def test_a_stalled_server_is_hedged_around(w1: Path) -> None:
 def test_sigterm_lets_in_flight_requests_finish(w1: Path) -> None:
     server = StokerServer([w1], "--transform", "serve_transforms:slow", env=ENV)
     service = Service([server.url], timeout=60.0, transform="serve_transforms:slow")
-    loader = DataLoader(w1, service=service, **KW)
+    loader = DataLoader(w1, workers=WorkerOptions(service=service), **KW)
     got: list[Any] = []
     reader = threading.Thread(target=lambda: got.append(_copy(next(iter(loader)))))
     reader.start()
@@ -99,7 +99,9 @@ def test_server_side_transform_by_name(w1: Path, tmp_path: Path) -> None:
     expected = _local(w1, (0,), transform=jitter, ledger=tmp_path / "local.ledger")
     with StokerServer([w1], "--transform", "serve_transforms:jitter", env=ENV) as server:
         service = Service([server.url], transform="serve_transforms:jitter")
-        loader = DataLoader(w1, service=service, ledger=tmp_path / "served.ledger", **KW)
+        loader = DataLoader(w1, ledger=tmp_path / "served.ledger",
+                            workers=WorkerOptions(service=service),
+                            **KW)
         got = [_copy(b) for b in loader]
         loader.close()
     assert len(got) == len(expected)

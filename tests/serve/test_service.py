@@ -14,7 +14,7 @@ import pytest
 
 from batch_equality import assert_batches_equal
 from serve_data import W1_KW, image_kw
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, WorkerOptions
 from stoker.loader.service.client import rendezvous
 from stoker.loader.service.errors import ServiceRefusedError
 from stoker.loader.service.options import Service
@@ -49,7 +49,8 @@ def test_batches_bitwise_equal_to_local(kind: str, n: int, w1: Path, images: Pat
                                         two_servers: list[StokerServer]) -> None:
     path = w1 if kind == "w1" else images
     local = _epochs(DataLoader(path, **_kw(kind)))
-    loader = DataLoader(path, service=[s.url for s in two_servers[:n]], **_kw(kind))
+    loader = DataLoader(path, workers=WorkerOptions(service=[s.url for s in two_servers[:n]]),
+                        **_kw(kind))
     _assert_same(local, _epochs(loader))
     replies = loader._source._client.stats.replies
     urls = [s.url for s in two_servers[:n]]
@@ -66,7 +67,8 @@ def test_batches_bitwise_equal_to_local(kind: str, n: int, w1: Path, images: Pat
 
 def test_a_perturbed_batch_is_caught(w1: Path, two_servers: list[StokerServer]) -> None:
     local = _epochs(DataLoader(w1, **_kw("w1")), (0,))
-    served = _epochs(DataLoader(w1, service=[two_servers[0].url], **_kw("w1")), (0,))
+    served = _epochs(DataLoader(w1, workers=WorkerOptions(service=[two_servers[0].url]),
+                                **_kw("w1")), (0,))
     served[3]["features"][5, 7] += 1e-6
     with pytest.raises(AssertionError):
         _assert_same(local, served)
@@ -77,7 +79,7 @@ def test_resume_across_local_and_service(first: str, w1: Path,
                                          two_servers: list[StokerServer]) -> None:
     urls = [s.url for s in two_servers]
     make = {"local": lambda: DataLoader(w1, **_kw("w1")),
-            "service": lambda: DataLoader(w1, service=urls, **_kw("w1"))}
+            "service": lambda: DataLoader(w1, workers=WorkerOptions(service=urls), **_kw("w1"))}
     second = "service" if first == "local" else "local"
     ref = _epochs(make["local"]())
     a = make[first]()
@@ -106,7 +108,8 @@ def test_same_ledger_content_as_local(w1: Path, two_servers: list[StokerServer],
                 seg.content.tolist())
 
     local = steps(tmp_path / "local.ledger")
-    served = steps(tmp_path / "served.ledger", service=[s.url for s in two_servers])
+    served = steps(tmp_path / "served.ledger",
+                   workers=WorkerOptions(service=[s.url for s in two_servers]))
     assert served == local and len(local[0]) == 34
 
 
@@ -119,7 +122,8 @@ def test_refusals_are_clear_and_the_server_keeps_serving(
     other = w1_dataset(tmp_path / "other", shards=(100, 90))  # not served
     urls = [s.url for s in two_servers]
     with pytest.raises(ServiceRefusedError) as info:
-        next(iter(DataLoader(other, service=Service(urls, timeout=10), **_kw("w1"))))
+        next(iter(DataLoader(other, workers=WorkerOptions(service=Service(urls, timeout=10)),
+                             **_kw("w1"))))
     message = str(info.value)
     assert all(u in message for u in urls) and "is not served here" in message
     client = flight.FlightClient(urls[0])
@@ -129,7 +133,7 @@ def test_refusals_are_clear_and_the_server_keeps_serving(
         with pytest.raises(flight.FlightServerError, match=words):
             client.do_get(flight.Ticket(ticket)).read_all()
     _assert_same(_epochs(DataLoader(images, **_kw("images")), (0,)),
-                 _epochs(DataLoader(images, service=urls, **_kw("images")), (0,)))
+                 _epochs(DataLoader(images, workers=WorkerOptions(service=urls), **_kw("images")), (0,)))
     status = json.loads(list(client.do_action(flight.Action("status", b"")))[0].body
                         .to_pybytes())
     assert status["refused"] >= 4 and status["healthy"] and len(status["datasets"]) == 2
@@ -142,13 +146,13 @@ def test_token(w1: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     secret.write_text("s3cret\n")
     with StokerServer([w1], "--token-file", str(secret)) as server:
         with pytest.raises(ServiceRefusedError, match="needs a token"):
-            next(iter(DataLoader(w1, service=[server.url], **_kw("w1"))))
+            next(iter(DataLoader(w1, workers=WorkerOptions(service=[server.url]), **_kw("w1"))))
         wrong = Service([server.url], token="nope")
         with pytest.raises(ServiceRefusedError, match="has another"):
-            next(iter(DataLoader(w1, service=wrong, **_kw("w1"))))
+            next(iter(DataLoader(w1, workers=WorkerOptions(service=wrong), **_kw("w1"))))
         good = Service([server.url], token_file=str(secret))
         _assert_same(_epochs(DataLoader(w1, **_kw("w1")), (0,)),
-                     _epochs(DataLoader(w1, service=good, **_kw("w1")), (0,)))
+                     _epochs(DataLoader(w1, workers=WorkerOptions(service=good), **_kw("w1")), (0,)))
         assert main(["serve", "--status", server.url, "--token-file", str(secret)]) == 0
         status = json.loads(capsys.readouterr().out)
         assert status["batches"] == 34 and status["refused"] == 0

@@ -15,6 +15,7 @@ from stoker.manifest import Manifest
 from stoker.sharder import SharderError, shard
 from stoker.sharder.errors import ShardOptionsError
 from stoker.tools.cli import main
+from stoker.loader.options import ReadOptions
 
 
 # -- WebDataset --------------------------------------------------------------------------
@@ -121,7 +122,7 @@ def test_image_folder_decodes_through_the_loader(tmp_path: Path) -> None:
     write_image_folder(tmp_path / "imgs")
     shard(tmp_path / "imgs", tmp_path / "out")
     loader = DataLoader(str(tmp_path / "out"), batch_size=15, shuffle=False,
-                        image=ImageOptions(column="image", size=(8, 8)))
+                        read=ReadOptions(image=ImageOptions(column="image", size=(8, 8))))
     batch = next(iter(loader))
     assert tuple(batch["image"].shape) == (15, 8, 8, 3)
     assert batch["label"].tolist() == [0] * 6 + [1] * 4 + [2] * 5

@@ -53,11 +53,12 @@ def read_back(dataset: str | os.PathLike[str], seed: int) -> ReadResult:
     """
     import xxhash
 
-    from stoker.loader import DataLoader
+    from stoker.loader import DataLoader, ReadOptions
 
     kw: dict[str, Any] = dict(
         batch_size=1024, shuffle=True, seed=seed, columns=["seq", "label"],
-        features=[f"f{i}" for i in range(64)], categoricals=[f"c{i}" for i in range(8)])
+        read=ReadOptions(features=[f"f{i}" for i in range(64)],
+                         categoricals=[f"c{i}" for i in range(8)]))
 
     def digest(batch: dict[str, Any]) -> str:
         h = xxhash.xxh3_64()

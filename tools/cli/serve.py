@@ -19,8 +19,8 @@ __all__ = ["add_parser", "run"]
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve batches to trainers (Arrow Flight)",
                        description="Serve the batches of the named stoker datasets to "
-                       "DataLoader(..., service=[URL, ...]). Prints each server's URL on "
-                       "stdout; SIGTERM stops gracefully.")
+                       "DataLoader(..., workers=WorkerOptions(service=[URL, ...])). Prints each "
+                       "server's URL on stdout; SIGTERM stops gracefully.")
     p.add_argument("datasets", metavar="DATASET", nargs="*", help="dataset paths or URLs")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
                    "127.0.0.1; 0.0.0.0 for every interface)")
