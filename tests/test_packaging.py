@@ -28,3 +28,18 @@ def test_console_script_version() -> None:
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == f"stoker {stoker_version()}"
     assert stoker_version() != "0+unknown"
+
+
+def test_every_package_folder_is_in_the_distribution() -> None:
+    """setuptools installs only the packages pyproject.toml lists: a sub-package missing there
+    works in an editable checkout and is absent from the wheel."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    config = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["tool"]
+    listed = set(config["setuptools"]["packages"])
+    folders = {name: Path(d) for name, d in config["setuptools"]["package-dir"].items()}
+    found = {name + "".join("." + part for part in init.parent.relative_to(root / d).parts)
+             for name, d in folders.items() for init in (root / d).rglob("__init__.py")}
+    assert found == listed
