@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from stoker.loader.jit.kernel import kernel
-from stoker.loader.order.epoch import derive_seed
+from stoker.loader.order.seed import derive_seed
 
 __all__ = ["ImageOptions", "decode_into", "decoder_name", "image_keys"]
 

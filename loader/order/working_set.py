@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from stoker.loader.order.epoch import OrderOptions
+from stoker.loader.order.options import OrderOptions
 
 __all__ = ["DEFAULT_BLOCK", "PARTITION_LADDER", "STAGED_ROUNDS", "STAGING_LIMIT", "WorkingSet",
            "default_partitions", "working_set"]

@@ -5,60 +5,45 @@ Uncompressed (memory-mapped, zero-copy) shards go through the fast path
 (:mod:`stoker.loader.fastpath.plan`): Numba kernels gather the rows straight into reusable batch
 buffers (:mod:`stoker.loader.fastpath.ring`). Otherwise (compressed shards, or ``features`` /
 ``categoricals`` the kernels cannot read) a batch groups its ids by shard, takes the rows from
-each shard with pyarrow and restores the requested order with one more take; both paths
-return equal batches.
+each shard with pyarrow and restores the requested order with one more take
+(:mod:`stoker.loader.read.arrow_batch`); both paths return equal batches. The shards
+themselves are held open by :class:`~stoker.loader.read.open_shards.OpenShards`.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
-import torch
 
-from stoker.loader.fastpath.convert import stack_features, table_to_batch
 from stoker.loader.errors import WorkerError
-from stoker.loader.fastpath import kernels
-from stoker.loader.fastpath import kernels_np
 from stoker.loader.fallbacks import note
+from stoker.loader.fastpath import kernels, kernels_np
+from stoker.loader.fastpath.convert import table_to_batch
+from stoker.loader.fastpath.images import ImageOptions
 from stoker.loader.fastpath.plan import FastPlan, NotZeroCopy, ShardData
-from stoker.loader.fastpath.images import ImageOptions, decode_into
-from stoker.loader.jit import warmup
 from stoker.loader.fastpath.record_table import RecordTable
 from stoker.loader.fastpath.ring import BufferRing
-from stoker.loader.order.epoch import OrderOptions
-from stoker.loader.read.order_plan import record_stride
 from stoker.loader.fastpath.shard_records import ShardRecords
+from stoker.loader.jit import warmup
+from stoker.loader.order.options import OrderOptions
+from stoker.loader.read.arrow_batch import arrow_batch
+from stoker.loader.read.columns import check_categoricals, check_column_names, check_image_column
+from stoker.loader.read.open_shards import OpenShards, ShardOpener
+from stoker.loader.read.order_plan import record_stride
 from stoker.loader.read.staging import Stager
-from stoker.manifest import (Manifest, ManifestError, ShardIntegrityError, StokerError,
-                             redact_url, resolve_inside)
+from stoker.manifest import Manifest, ManifestError, StokerError, redact_url, resolve_inside
 
+# check_column_names and ShardOpener live in their own modules; re-exported here, where callers
+# have imported them from
 __all__ = ["ArrowSource", "ShardOpener", "check_column_names"]
 
 logger = logging.getLogger(__name__)
 
-# Opens shard `index` and yields a local path that stays valid inside the context.
-ShardOpener = Callable[[int], AbstractContextManager[str]]
-
-
-
-def check_column_names(manifest: Manifest, columns: Sequence[str] | None,
-                       features: Sequence[str] | None,
-                       categoricals: Sequence[str] | None) -> None:
-    """Raise :class:`ManifestError` naming the argument and the first column the dataset
-    does not have."""
-    names = manifest.arrow_schema.names
-    for what, given in (("columns", columns), ("features", features),
-                        ("categoricals", categoricals)):
-        unknown = [c for c in (given or ()) if c not in names]
-        if unknown:
-            raise ManifestError(f"{what}={list(given or ())!r}: no column named "
-                                f"{unknown[0]!r} in this dataset; its columns are {names}.")
 
 class ArrowSource:
     """Batches of a stoker dataset, as dicts of column name -> tensor (or list).
@@ -108,7 +93,6 @@ class ArrowSource:
                  image: ImageOptions | None = None, row_major: bool | str = "auto",
                  row_major_dir: str | None = None) -> None:
         check_column_names(manifest, columns, features, categoricals)
-        names = manifest.arrow_schema.names
         self.manifest = manifest
         self.fingerprint = manifest.fingerprint
         self.shard_rows = manifest.shard_rows
@@ -119,32 +103,26 @@ class ArrowSource:
         if both:
             raise ValueError(f"column {sorted(both)[0]!r} is in both features= and "
                              "categoricals=; list it in one of them.")
-        wanted = list(columns) if columns is not None else list(names)
-        self.columns = list(dict.fromkeys(wanted + self.features + self.categoricals))
         schema = manifest.arrow_schema
-        self._check_categoricals(schema)
+        wanted = list(columns) if columns is not None else list(schema.names)
+        self.columns = list(dict.fromkeys(wanted + self.features + self.categoricals))
+        check_categoricals(schema, self.categoricals)
         self.image = image
         if image is not None:
-            if image.column not in names:
-                raise ManifestError(f"image column {image.column!r} is not in this dataset; "
-                                    f"its columns are {names}.")
-            t = schema.field(image.column).type
-            if not (pa.types.is_binary(t) or pa.types.is_large_binary(t)):
-                raise ValueError(f"ImageOptions.column={image.column!r} is {t}; it must be a "
-                                 "binary column of encoded JPEG/PNG images.")
+            check_image_column(schema, image)
             if image.column not in self.columns:
                 self.columns.append(image.column)
         self._plan = FastPlan(schema, self.columns, self.features, self.categoricals, image) \
             if fast and getattr(manifest, "kind", "arrow") == "arrow" \
             and FastPlan.supports(schema, self.features, self.categoricals) else None
         self._ring = BufferRing(ring_depth, pin)
-        self._data: dict[int, ShardData | None] = {}
         self._opener = opener or self._local_opener
-        self._open: OrderedDict[int, tuple[pa.Table, AbstractContextManager[str]]] = OrderedDict()
-        self._max_open = max_open
         self._lock = threading.Condition()
-        self._opening: set[int] = set()  # shards being opened (pinned) by some thread now
-        self.opened_shards: set[int] = set()
+        self._shards = OpenShards(manifest, self.columns, self._opener, max_open, self._lock,
+                                  shard_data=self._shard_data, describe=self._describe,
+                                  opened=self._shard_opened, dropped=self._shard_dropped)
+        self._data = self._shards.data
+        self.opened_shards = self._shards.opened_shards
         self._force_stage = row_major == "staged"
         if self._force_stage:
             row_major = "auto"
@@ -191,14 +169,6 @@ class ArrowSource:
         """The staging of shuffled rounds, when :meth:`stage` enabled it."""
         return self._stager
 
-    def _check_categoricals(self, schema: pa.Schema) -> None:
-        for name in self.categoricals:
-            t = schema.field(name).type
-            if not (pa.types.is_integer(t) or pa.types.is_dictionary(t)):
-                raise ValueError(f"categoricals={self.categoricals!r}: column {name!r} is {t}; "
-                                 "categoricals must be integer or dictionary columns (pass "
-                                 "float columns in features= instead).")
-
     @property
     def fast(self) -> bool:
         """Whether batches can use the fast path (shards are checked as they are opened)."""
@@ -209,7 +179,7 @@ class ArrowSource:
         """The reusable batch buffers of the fast path."""
         return self._ring
 
-    # -- shard access ---------------------------------------------------------------------
+    # -- shard access (stoker.loader.read.open_shards) ------------------------------------
     def _local_opener(self, index: int) -> AbstractContextManager[str]:
         location = self.manifest.shard_location(index)
         if "://" in location and not location.startswith("file://"):
@@ -220,101 +190,22 @@ class ArrowSource:
                                           f"shards[{index}].path"))
 
     def _table(self, index: int) -> pa.Table:
-        """Shard ``index`` as a table, opening (and pinning) it if needed.
+        """Shard ``index`` as a table, opening (and pinning) it if needed."""
+        return self._shards.table(index)
 
-        Open shards plus shards being opened never exceed ``max_open``: the oldest open shard
-        is closed (its cache pin released) *before* a new one is pinned, and concurrent
-        openers of the same shard wait for the first, so the pins a cache sees stay bounded
-        however many worker threads read.
-        """
-        closing = []
-        with self._lock:
-            while True:
-                entry = self._open.get(index)
-                if entry is not None:
-                    self._open.move_to_end(index)
-                    return entry[0]
-                if index not in self._opening:
-                    if len(self._open) + len(self._opening) < self._max_open:
-                        break
-                    if self._open:
-                        closing.append(self._evict_oldest_locked())
-                        continue
-                self._lock.wait()
-            self._opening.add(index)
-        try:
-            for h in closing:
-                h.__exit__(None, None, None)
-            table, data, batches, handle = self._open_shard(index)
-        except BaseException:
-            with self._lock:
-                self._opening.discard(index)
-                self._lock.notify_all()
-            raise
-        with self._lock:
-            self._opening.discard(index)
-            self.opened_shards.add(index)
-            self._open[index] = (table, handle)
-            self._data[index] = data
-            self._lock.notify_all()
-        if data is not None and self._stager is not None:
+    def _data_of(self, index: int) -> ShardData:
+        return self._shards.data_of(index)
+
+    def _shard_opened(self, index: int, data: ShardData, batches: list[pa.RecordBatch]) -> None:
+        """A zero-copy shard opened: its rows feed the staging rounds, or its records."""
+        if self._stager is not None:
             self._stager.opened(batches)
-        elif data is not None and self._rm is not None:
+        elif self._rm is not None:
             self._rm.opened(index, data, batches)
-        return table
 
-    def _evict_oldest_locked(self) -> AbstractContextManager[str]:
-        """Drop the least recently used open shard; returns its handle to close unlocked."""
-        evicted, (_, handle) = self._open.popitem(last=False)
-        self._data.pop(evicted, None)
+    def _shard_dropped(self, index: int) -> None:
         if self._rm is not None:
-            self._rm.dropped(evicted)
-        self._lock.notify_all()
-        return handle
-
-    def _open_shard(self, index: int) -> tuple[pa.Table, Any, list[pa.RecordBatch], Any]:
-        # The opener's context (a cache pin) stays entered while the shard is open here.
-        handle = self._opener(index)
-        path = handle.__enter__()
-        try:
-            source = pa.memory_map(path, "r")
-            arena = source.read_buffer(source.size())  # zero-copy view of the whole file
-            # one call for all record batches: a call per batch gives the GIL away hundreds of
-            # times, each handoff waiting on a busy thread (0.17 s for W1's 296 during warm-up)
-            full = pa.ipc.open_file(arena).read_all()
-            batches = full.to_batches()
-            self._check_batches(index, batches)
-            table = full.select(self.columns)
-            data = self._shard_data(batches, arena)
-            if data is None and self.manifest.compression != "none":
-                table = table.combine_chunks()  # decompress once, not once per take
-        except (OSError, pa.ArrowException) as exc:  # an unreadable file: name the shard
-            handle.__exit__(None, None, None)
-            raise WorkerError(f"opening {self._describe(index)} failed: {type(exc).__name__}: "
-                              f"{exc}; run `stoker verify` on the dataset.") from exc
-        except BaseException:
-            handle.__exit__(None, None, None)
-            raise
-        return table, data, batches, handle
-
-    def _check_batches(self, index: int, batches: list[pa.RecordBatch]) -> None:
-        """The shard's record batches must hold the rows the manifest lists, batch by batch.
-
-        Global ids are located with the manifest's row counts and then read by the kernels
-        through raw pointers; a file whose batches disagree (stale, swapped, a manifest
-        rewritten with a recomputed fingerprint) would send row indices past the end of a
-        batch's buffers. Checked once per open, so every later read is in range by
-        construction (FastPlan.groups checks each batch's rows against it too).
-        """
-        actual = [b.num_rows for b in batches if b.num_rows]
-        listed = [r for r in self.manifest.shards[index].batch_rows if r]
-        if actual != listed:
-            info = self.manifest.shards[index]
-            raise ShardIntegrityError(
-                f"{self._describe(index)} holds record batches of {_runs(actual)} rows "
-                f"({sum(actual)} in all), the manifest lists {_runs(listed)} ({info.rows} in "
-                "all): the file and the manifest disagree. Run `stoker verify` and restore the "
-                "shard, or re-create the dataset with `stoker shard`.", shard=info.path)
+            self._rm.dropped(index)
 
     # -- row-major records (stoker.loader.fastpath.shard_records) --------------------------------------
     @property
@@ -340,13 +231,6 @@ class ArrowSource:
             return ShardData(batches, arena, self._plan.kernel_columns)
         except NotZeroCopy:
             return None
-
-    def _data_of(self, index: int) -> ShardData:
-        self._table(index)
-        data = self._data.get(index)
-        if data is None:
-            raise NotZeroCopy(f"shard {index} is not zero-copy")
-        return data
 
     # -- reading --------------------------------------------------------------------------
     def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -466,86 +350,28 @@ class ArrowSource:
             return {}, np.arange(len(ids))
         filled, positions, touched = table.gather(ids, self._starts, slot)
         if len(touched):
-            self._touch(touched)
+            self._shards.touch(touched)
         return filled, positions
 
     def _open_shards_of(self, ids: np.ndarray) -> bool:
         """Open the shards of ``ids`` that are not open; whether there were any."""
         shards = np.unique(np.searchsorted(self._starts, ids, side="right") - 1).tolist()
-        closed = [s for s in shards if s not in self._open]
-        for s in closed:
-            self._table(s)
-        return bool(closed)
-
-    def _touch(self, shards: np.ndarray) -> None:
-        """Mark open ``shards`` as just used (the records path reads them without _table)."""
-        with self._lock:
-            for s in shards.tolist():
-                if s in self._open:
-                    self._open.move_to_end(s)
+        return self._shards.open_all(shards)
 
     def _fetch_arrow(self, ids: np.ndarray, epoch: int, seed: int) -> dict[str, Any]:
-        table = self.take(ids)
-        batch: dict[str, Any] = {}
-        if self.image is not None:
-            images = self._images_arrow(table.column(self.image.column), ids, epoch, seed)
-        if self.features:
-            batch["features"] = stack_features(table, self.features)
-            table = table.drop_columns(self.features)
-        if self.categoricals:
-            batch["categoricals"] = _stack_ints(table, self.categoricals)
-            table = table.drop_columns(self.categoricals)
-        converted = table_to_batch(table)
-        if self.image is not None:
-            converted[self.image.column] = images
-        batch.update(converted)
-        return batch
-
-    def _images_arrow(self, column: pa.ChunkedArray, ids: np.ndarray, epoch: int,
-                      seed: int) -> torch.Tensor:
-        """Decode a taken binary column (the pyarrow path's image output)."""
-        opts = self.image
-        assert opts is not None  # noqa: S101
-        blobs = [b or b"" for b in column.to_pylist()]
-        offsets = np.concatenate([[0], np.cumsum([len(b) for b in blobs])]).astype(np.int64)
-        data = np.frombuffer(b"".join(blobs), dtype=np.uint8)
-        out = np.empty((len(ids), *opts.size, 3), dtype=opts.dtype)
-        decode_into(opts, offsets, data, ids, out, self.fingerprint, seed, epoch)
-        return torch.from_numpy(out)
+        return arrow_batch(self.take(ids), ids, self.features, self.categoricals, self.image,
+                           self.fingerprint, epoch, seed)
 
     def close(self) -> None:
         """Release every open shard (and its cache pin); idempotent."""
-        with self._lock:
-            entries = list(self._open.values())
-            self._open.clear()
-            self._data.clear()
+        handles = self._shards.detach()
         if self._rm is not None:
             self._rm.close()
         if self._stager is not None:
             self._stager.close()
-        for _, handle in entries:
-            handle.__exit__(None, None, None)
-
-
-def _runs(rows: list[int]) -> str:
-    """Row counts as ``16 x 3 + 10`` (messages)."""
-    out: list[list[int]] = []
-    for r in rows:
-        if out and out[-1][0] == r:
-            out[-1][1] += 1
-        else:
-            out.append([r, 1])
-    return " + ".join(f"{r} x {n}" if n > 1 else str(r) for r, n in out) or "no"
+        self._shards.release(handles)
 
 
 def _shown(ids: np.ndarray) -> str:
     """The first ids of a batch, for messages."""
     return f"{ids[:8].tolist()}{'...' if len(ids) > 8 else ''}"
-
-
-def _stack_ints(table: pa.Table, columns: Sequence[str]) -> torch.Tensor:
-    """Integer / dictionary columns -> int64 ``[B, C]`` (dictionary -> codes, nulls -> 0)."""
-    out = np.empty((table.num_rows, len(columns)), dtype=np.int64)
-    for j, name in enumerate(columns):
-        out[:, j] = table_to_batch(table.select([name]))[name].numpy()
-    return torch.from_numpy(out)

@@ -23,7 +23,7 @@ from stoker.loader.read.arrow import ArrowSource
 from stoker.loader.fallbacks import note
 from stoker.loader.fastpath.plan import FastPlan
 from stoker.loader.read.index_staging import RowGroups, all_records
-from stoker.loader.order.epoch import OrderOptions
+from stoker.loader.order.options import OrderOptions
 from stoker.loader.read.staging import Stager
 from stoker.manifest import Manifest, ManifestError, ShardIntegrityError, hash_file, redact_url
 from stoker.manifest.webdataset_columns import SampleFormatError, parse_members, samples_to_table

@@ -24,7 +24,7 @@ from stoker.loader.order.mixture import Mixture, MixtureError
 from stoker.loader.order.mixture_file import is_mixture_file
 from stoker.loader.order.mixture_order import MixtureOrder, PassOrders
 from stoker.loader.read.mixture_union import union_manifest
-from stoker.loader.order.epoch import OrderOptions
+from stoker.loader.order.options import OrderOptions
 from stoker.loader.fastpath.ring import BufferRing, Slot
 from stoker.manifest import Manifest, ManifestError
 

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from stoker.loader.fastpath.plan import FastPlan
 from stoker.loader.fastpath.images import ImageOptions
-from stoker.loader.order.epoch import OrderError, OrderOptions
+from stoker.loader.order.options import OrderError, OrderOptions
 from stoker.loader.fastpath.rowmajor import _list_width, _physical_memory
 from stoker.loader.order.working_set import (DEFAULT_BLOCK, PARTITION_LADDER, STAGING_LIMIT,
                                        WorkingSet, default_partitions, working_set)

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from stoker.loader.ledger.digest import content_header
 from stoker.loader.fastpath.images import ImageOptions
-from stoker.loader.read.arrow import check_column_names
+from stoker.loader.read.columns import check_column_names
 from stoker.loader.service.client import ServiceClient
 from stoker.loader.service.options import Service
 from stoker.manifest import Manifest, ManifestError

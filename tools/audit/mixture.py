@@ -27,7 +27,7 @@ import numpy as np
 
 from stoker.loader.order.mixture import Mixture
 from stoker.loader.order.mixture_order import MixtureOrder, PassOrders
-from stoker.loader.order.epoch import OrderOptions
+from stoker.loader.order.options import OrderOptions
 from stoker.manifest import StokerError
 from stoker.tools.audit.integrity import integrity_check
 from stoker.tools.audit.replay import DatasetView, Replayer
