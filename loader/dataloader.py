@@ -21,37 +21,28 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, Sampler
 from torch.utils.data import DataLoader as TorchDataLoader
-from torch.utils.data._utils.collate import default_collate, default_convert
 from torch.utils.data.dataloader import _InfiniteConstantSampler
 
-from stoker.loader.jit import warmup
-from stoker.loader.args import (check_local_shards, check_sampling_args, check_worker_args,
-                                is_remote)
 from stoker.loader.distributed import resolve_world
-from stoker.loader.ledger.digest import content_header
-from stoker.loader.read.arrow import ArrowSource
 from stoker.loader.epoch_iter import BatchTask, EpochIterator
 from stoker.loader.fallbacks import FallbackAccount
-from stoker.loader.iterable import IterableEpoch, IterableSource, IterableTask
+from stoker.loader.iterable import IterableEpoch, IterableTask
+from stoker.loader.jit import warmup
+from stoker.loader.ledger.digest import content_header
 from stoker.loader.loader_state import Resumable
 from stoker.loader.loader_world import WorldPlan
 from stoker.loader.options import (CacheOptions, LedgerOptions, ReadOptions, ShuffleOptions,
                                    WorkerOptions, resolve_options)
-from stoker.loader.order.mixture import Mixture
-from stoker.loader.read.mixture import MixtureSource, check_columns, is_mixture
-from stoker.loader.order.epoch import OrderOptions
-from stoker.loader.read.order_plan import OrderPlan, plan_order, record_stride
-from stoker.loader.fastpath.record_store import default_dir
+from stoker.loader.options.torch_args import check_sampling_args, check_worker_args
 from stoker.loader.run_ledger import open_ledger
 from stoker.loader.samplers import OrderBatchSampler, OrderSampler
 from stoker.loader.service.options import service_for
-from stoker.loader.workers.seed import resolve_seed, worker_base_seed
+from stoker.loader.sources import SourceSetup, is_stoker_dataset, open_source
 from stoker.loader.state import LoaderState
 from stoker.loader.stats import LoaderStats
-from stoker.loader.read.torch_dataset import TorchSource
 from stoker.loader.transfer import Transfer
 from stoker.loader.workers.pool import WorkerPool, WorkerSetup, make_pool
-from stoker.manifest import Manifest, redact_url
+from stoker.loader.workers.seed import resolve_seed, worker_base_seed
 
 __all__ = ["DataLoader"]
 
@@ -145,25 +136,25 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         self._options = opts
         self.sample_seeding = opts.workers.sample_seeding
         self.worker_mode = opts.workers.mode or (
-            "thread" if isinstance(dataset, (str, os.PathLike, Manifest, Mixture)) else "process")
+            "thread" if is_stoker_dataset(dataset) else "process")
         self._world_arg = (rank, world_size)
         self._world: tuple[int, int] | None = None
-        self._cache = None
-        records_dir = opts.read.records_dir
-        self._records_dir = None if records_dir is False else \
-            default_dir(opts.cache.dir) if records_dir is None else records_dir
         # the fast path writes batches straight into page-locked buffers when they will be
         # copied to a GPU (see stoker.loader.transfer)
         wants_gpu = pin_memory or bool(pin_memory_device) or str(device or "").startswith("cuda")
-        self._pin_source = bool(wants_gpu) and torch.cuda.is_available()
-        self._source = None
         self._service = None if opts.workers.service is None else \
             service_for(opts.workers.service, dataset)
         self._order_args = (opts.shuffle, opts.order.partitions, opts.order.block_size,
                             opts.order.partition_mode)
-        self._order_plan: OrderPlan | None = None  # stoker datasets: options + working set
-        self._source = self._make_source(dataset, columns, collate_fn, batch_size,
-                                         auto_collation)
+        opened = open_source(dataset, SourceSetup(
+            opts, columns, batch_size, auto_collation, collate_fn, num_workers, self.worker_mode,
+            world_size=resolve_world(rank, world_size)[1],
+            pin=bool(wants_gpu) and torch.cuda.is_available(),
+            ring_depth=max(8, num_workers * self._prefetch + 3),
+            sample_seeding=self.sample_seeding, service=self._service))
+        self._source, self._cache, self.location = opened.source, opened.cache, opened.location
+        self._order_plan = opened.plan  # stoker datasets: order options + working set
+        self._collate, self.collate_fn = opened.collate, opened.collate_fn
         self._mode = "iterable" if self._source.kind == "iterable" else "sampler" \
             if (sampler is not None or batch_sampler is not None) else "order"
         if self._mode == "iterable":  # torch's placeholders: an IterableDataset has no sampler
@@ -209,128 +200,6 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
                       self._content["columns"] if self._content else None)
         self._DataLoader__initialized = True  # torch's guard: batch_size, sampler, ... are fixed
         self.check_worker_number_rationality()
-
-    # -- construction helpers --------------------------------------------------------------
-    def _make_source(self, dataset: Any, columns: Sequence[str] | None,
-                     collate_fn: Callable[[Any], Any] | None, batch_size: int | None,
-                     auto_collation: bool) -> ArrowSource | MixtureSource | TorchSource:
-        read = self._options.read
-        if isinstance(dataset, (str, os.PathLike, Manifest, Mixture)):
-            if batch_size is None:
-                raise ValueError("batch_size=None (no batching) is supported for map-style torch "
-                                 "datasets only; pass batch_size >= 1 for a stoker dataset.")
-            self._collate = self.collate_fn = collate_fn
-
-            plans: list[OrderPlan] = []
-
-            def reader(manifest: Manifest) -> tuple[ArrowSource, Any]:
-                plans.append(self._plan_order(manifest, columns, batch_size))
-                return self._reader(manifest, columns)
-
-            storage_options = self._options.cache.storage_options
-            if is_mixture(dataset):  # stoker.loader.order.mixture: one reader per source
-                mixture = dataset if isinstance(dataset, Mixture) else \
-                    Mixture.load(dataset, storage_options)
-                self.location = repr(mixture) if isinstance(dataset, Mixture) else \
-                    os.fspath(dataset)
-                check_columns(mixture, columns, read.features, read.categoricals, read.image)
-                source = MixtureSource(mixture, reader, pin=self._pin_source,
-                                       ring_depth=max(8, self.num_workers * self._prefetch + 3))
-                # one order for every source: the options of the source (or shared reader)
-                # with the fewest partitions fit every source's working set
-                self._order_plan = min(plans, key=lambda p: p.options.partitions)
-                return source
-            manifest = dataset if isinstance(dataset, Manifest) else \
-                Manifest.load(os.fspath(dataset), storage_options)
-            self.location = redact_url(manifest.root or "")
-            self._order_plan = self._plan_order(manifest, columns, batch_size)
-            source, self._cache = reader(manifest)
-            return source
-        self._collate = None
-        self.collate_fn = collate_fn or (default_collate if auto_collation else default_convert)
-        if isinstance(dataset, IterableDataset):  # torch's semantics, see stoker.loader.iterable
-            self.location = f"<{type(dataset).__name__}>"
-            return IterableSource(dataset)
-        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
-            raise TypeError(f"dataset must be a stoker dataset path/URL, a Manifest or a map-style "
-                            f"torch Dataset with __len__ and __getitem__; got {type(dataset).__name__}")
-        self.location = f"<{type(dataset).__name__}>"
-        if columns is not None or read.used:
-            raise ValueError("columns= and read=ReadOptions(...) apply to stoker datasets only")
-        return TorchSource(dataset, self.collate_fn, batched=auto_collation,
-                           seeding=self.sample_seeding)
-
-    def _cached(self, manifest: Manifest) -> bool:
-        """Whether ``manifest``'s shards are read through the node cache."""
-        return self._options.cache.dir is not None or is_remote(manifest.root)
-
-    def _reader(self, manifest: Manifest,
-                columns: Sequence[str] | None) -> tuple[ArrowSource, Any]:
-        """The reader of one stoker dataset and its shard cache (``None`` when local)."""
-        read, cache_opts = self._options.read, self._options.cache
-        if self._service is not None:  # batches come from `stoker serve`: no shard is opened
-            from stoker.loader.service.source import ServiceSource
-
-            return ServiceSource(manifest, self._service, columns=columns,
-                                 features=read.features, categoricals=read.categoricals,
-                                 image=read.image), None
-        opener, max_open, cache = None, 256, None
-        plan = self._order_plan  # None for a mixture's sources
-        if self._cached(manifest):
-            from stoker.loader.read.remote import open_cache, pin_bound
-
-            max_open = pin_bound(manifest, self._options.order.partitions
-                                 or OrderOptions().partitions, self.world_size,
-                                 self.num_workers, cache_opts.limit) \
-                if plan is None else self._pins(manifest, plan)
-            cache, opener = open_cache(manifest, cache_opts.dir, cache_opts.limit,
-                                       cache_opts.storage_options, max_open,
-                                       cache_opts.shard_cache_kwargs())
-        elif manifest.kind == "arrow":
-            check_local_shards(manifest)
-        make: Any = ArrowSource
-        extra: dict[str, Any] = {}
-        if manifest.kind != "arrow":  # files indexed in place by `stoker index`
-            from stoker.loader.read.index import IndexSource
-
-            make = IndexSource
-            if manifest.kind == "parquet-index" and plan is not None:  # decoded row groups
-                extra["cache_bytes"] = max(1 << 26, plan.working_set.shard_bytes)
-        source = make(manifest, **extra, columns=columns, features=read.features,
-                      opener=opener, max_open=max_open, categoricals=read.categoricals,
-                      image=read.image, pin=self._pin_source, row_major=read.row_major,
-                      row_major_dir=self._records_dir,
-                      ring_depth=max(8, self.num_workers * self._prefetch + 3))
-        return source, cache
-
-    def _plan_order(self, manifest: Manifest, columns: Sequence[str] | None,
-                    batch_size: int) -> OrderPlan:
-        """Order options of a stoker dataset, checked against the node's budgets
-        (stoker.loader.read.order_plan); independent of the world size."""
-        read, limit = self._options.read, self._options.cache.limit
-        shuffle, partitions, block_size, partition_mode = self._order_args
-        processes = self.worker_mode == "process" and self.num_workers
-        return plan_order(
-            manifest, shuffle=shuffle, partitions=partitions, block_size=block_size,
-            partition_mode=partition_mode, batch_size=batch_size, world_size=self.world_size,
-            stride=record_stride(manifest, columns, read.features, read.categoricals,
-                                 read.image),
-            cache_limit=limit if self._cached(manifest) else None,
-            readers=self.num_workers + 1 if processes else 1)
-
-    def _pins(self, manifest: Manifest, plan: OrderPlan) -> int:
-        """Shards the reader may keep pinned: its working set, never more than the limit
-        holds beside one shard being admitted (resident, unpinned shards are kept by Belady,
-        not by pins); one per worker process (pins add up across them, and one waiting for
-        room another pins can wait on it in turn; a closed shard stays readable through its
-        mapping)."""
-        if self.worker_mode == "process" and self.num_workers:
-            return 1
-        pins = max(1, plan.working_set.shards)
-        limit = self._options.cache.limit
-        if limit is not None and manifest.num_shards:
-            pins = max(1, min(pins, limit // int(manifest.shard_bytes.max()) - 1))
-        return pins
 
     # -- torch-compatible surface -----------------------------------------------------------
     def __len__(self) -> int:

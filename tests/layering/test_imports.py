@@ -101,16 +101,18 @@ def test_the_scan_does_not_flag_other_names(source: str) -> None:
 # loader's sub-packages, bottom up: jit <- order <- fastpath <- read <- DataLoader (the
 # modules directly in loader/ and service/); workers and ledger beside. A sub-package may
 # import the ones below it and the shared leaves loader.errors and loader.fallbacks.
-_LOADER_TOP = ("args", "dataloader", "distributed", "epoch_iter", "iterable", "loader_state",
+_LOADER_TOP = ("dataloader", "distributed", "epoch_iter", "iterable", "loader_state", "sources",
                "loader_world", "run_ledger", "samplers", "state", "stats", "transfer")
 _ABOVE = {
     # jit's warm-up still imports order and fastpath inside its plan warm-ups (issue 13 note)
-    "jit": ("read", "workers", "ledger", "service"),
-    "order": ("fastpath", "read", "workers", "ledger", "service"),
-    "fastpath": ("read", "workers", "ledger", "service"),
-    "workers": ("fastpath", "read", "ledger", "service"),
-    "ledger": ("jit", "order", "fastpath", "read", "workers", "service"),
-    "read": ("ledger", "service"),
+    "jit": ("read", "workers", "ledger", "service", "options"),
+    "order": ("fastpath", "read", "workers", "ledger", "service", "options"),
+    "fastpath": ("read", "workers", "ledger", "service", "options"),
+    "workers": ("fastpath", "read", "ledger", "service", "options"),
+    "ledger": ("jit", "order", "fastpath", "read", "workers", "service", "options"),
+    "read": ("ledger", "service", "options"),
+    # the DataLoader's option objects: checked with order's and fastpath's own rules
+    "options": ("read", "workers", "ledger"),
 }
 LOADER_FORBIDDEN = {pkg: tuple(f"stoker.loader.{m}" for m in (*above, *_LOADER_TOP))
                     + (("torch",) if pkg == "order" else ())

@@ -1,14 +1,11 @@
-"""Argument checks the DataLoader shares with torch's (same conditions, same messages),
-and the local-dataset checks made before any worker starts."""
+"""Argument checks the DataLoader shares with torch's: same conditions, same order, same
+messages, so code written against torch's DataLoader sees the same errors."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from stoker.manifest import Manifest, ManifestError
-
-__all__ = ["check_local_shards", "check_sampling_args", "check_worker_args", "is_remote"]
+__all__ = ["check_sampling_args", "check_worker_args"]
 
 
 def check_worker_args(num_workers: int, timeout: float, prefetch_factor: int | None,
@@ -55,30 +52,3 @@ def check_sampling_args(iterable: bool, batch_size: int | None, shuffle: bool | 
     elif isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError("batch_size should be a positive integer value, but got "
                          f"batch_size={batch_size}")
-
-
-def check_local_shards(manifest: Manifest) -> None:
-    """Every local shard exists with the size its manifest records (one ``stat`` each).
-
-    Without a cache nothing verifies local shards as they are read, so a truncated or
-    replaced file is refused here, before any worker starts, instead of surfacing as an Arrow
-    decoding error (or wrong data) in the middle of an epoch.
-    """
-    for i, shard in enumerate(manifest.shards):
-        path = manifest.shard_location(i).removeprefix("file://")
-        try:
-            size = os.stat(path).st_size
-        except OSError as exc:
-            raise ManifestError(f"shard {i} ({shard.path!r}) cannot be read at {path} "
-                                f"({type(exc).__name__}: {exc.strerror}); the dataset is "
-                                "incomplete. Restore the file or re-create the dataset with "
-                                "`stoker shard`.", field="shards") from None
-        if size != shard.bytes:
-            raise ManifestError(f"shard {i} ({shard.path!r}) has {size} bytes at {path}, the "
-                                f"manifest says {shard.bytes}; the file was truncated or "
-                                "replaced. Restore it or re-create the dataset with "
-                                "`stoker shard`.", field="shards")
-
-
-def is_remote(root: str | None) -> bool:
-    return bool(root) and "://" in root and not root.startswith("file://")  # type: ignore[operator]
