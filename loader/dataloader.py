@@ -14,6 +14,7 @@ wrap, re-shard or move a loader) that replaces torch's iteration with stoker's; 
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import Any, Callable, Iterator, Sequence, TypeVar
@@ -24,7 +25,8 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data.dataloader import _InfiniteConstantSampler
 
 from stoker.loader.distributed import resolve_world
-from stoker.loader.epoch_iter import BatchTask, EpochIterator
+from stoker.loader.epoch_iter import (BatchTask, CacheEvents, EpochIterator, EpochPass, EpochRun,
+                                     cache_clock)
 from stoker.loader.fallbacks import FallbackAccount
 from stoker.loader.iterable import IterableEpoch, IterableTask
 from stoker.loader.jit import warmup
@@ -38,7 +40,9 @@ from stoker.loader.run_ledger import open_ledger
 from stoker.loader.samplers import OrderBatchSampler, OrderSampler
 from stoker.loader.service.options import service_for
 from stoker.loader.sources import SourceSetup, is_stoker_dataset, open_source
-from stoker.loader.state import LoaderState
+from stoker.loader.order.mixture_order import source_order
+from stoker.loader.order.schedule import rank_batch_ids
+from stoker.loader.state import Cursor, LoaderState
 from stoker.loader.stats import LoaderStats
 from stoker.loader.transfer import Transfer
 from stoker.loader.workers.pool import WorkerPool, WorkerSetup, make_pool
@@ -173,9 +177,7 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
             self.sampler = OrderSampler(self)
             self.batch_sampler = OrderBatchSampler(self, self.sampler) if auto_collation else None
         self.seed = resolve_seed(seed, generator)
-        self._epoch = 0
-        self._step = 0
-        self._ahead: set[int] = set()  # steps yielded beyond _step (in_order=False)
+        self._cursor = Cursor()  # epoch, next step, steps yielded ahead (in_order=False)
         self._loaded: LoaderState | None = None  # a loaded state not yet iterated from
         self._configure(resolve_world(rank, world_size))
         self._pool: WorkerPool | None = None
@@ -189,7 +191,7 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         self._ledger_path = None if opts.ledger is None else opts.ledger.path
         self._ledger_ids = opts.ledger is not None and opts.ledger.ids
         self._resumed_from: dict[str, Any] | None = None
-        self._cache_seen: Any = None  # cache counters already written to the ledger
+        self._cache_events = CacheEvents(self._cache) if self._cache is not None else None
         self._content = content_header(self._source) \
             if opts.ledger is not None and opts.ledger.content else None
         self._iterable_state: dict[str, Any] | None = None  # loaded, for the next pass
@@ -214,12 +216,12 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         """Select the epoch the next iteration reads; keeps a resumed mid-epoch position."""
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
-        if epoch != self._epoch:
-            self._epoch, self._step, self._ahead = epoch, 0, set()
+        if epoch != self._cursor.epoch:
+            self._cursor.start_epoch(epoch)
 
     @property
     def epoch(self) -> int:
-        return self._epoch
+        return self._cursor.epoch
 
     def __iter__(self) -> Iterator[Any]:
         if self._active is not None:
@@ -228,15 +230,61 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         if self.num_workers:
             self.check_worker_number_rationality()  # torch warns at every iter() too
         if self._mode == "iterable":
-            self._active = IterableEpoch(self)
+            self._active = IterableEpoch(self._epoch_run())
             return self._active
-        if self._step >= len(self):  # a state saved right at the end of an epoch
-            self._epoch, self._step, self._ahead = self._epoch + 1, 0, set()
+        if self._cursor.step >= len(self):  # a state saved right at the end of an epoch
+            self._cursor.start_epoch(self._cursor.epoch + 1)
         self._loaded = None
-        self._active = EpochIterator(self)
+        self._active = EpochIterator(self._epoch_run())
         return self._active
 
     # -- internals ---------------------------------------------------------------------------
+    def _epoch_run(self) -> EpochRun:
+        """What the next pass needs, as values (stoker.loader.epoch_iter.EpochRun)."""
+        ledger = self._ledger_writer()  # first: a ledger that refuses this loader starts nothing
+        cursor, rank = self._cursor, self.rank
+        run = functools.partial(
+            EpochRun, epoch=cursor.epoch, seed=self.seed, rank=rank, cursor=cursor,
+            task=self._task, in_order=self.in_order, timeout=self.timeout or None,
+            transfer=self._transfer, stats=self.stats, fallbacks=self._fallbacks, ledger=ledger,
+            end=self._end_pass, is_current=lambda p: self._active is p)
+        if self._mode == "iterable":
+            saved, self._iterable_state = self._iterable_state, None
+            return run(pool=self._get_pool(targeted=True), depth=self.num_workers * self._prefetch,
+                       workers=max(self.num_workers, 1), saved=saved)
+        if self._mode == "order":
+            order = source_order(self._source, self.seed, cursor.epoch, self.order_options)
+            plan = self._plan
+            steps = range(cursor.step, plan.steps_per_epoch)
+            where = dict(ids=functools.partial(rank_batch_ids, order, plan))
+            if self._cache is not None:
+                where.update(cache_events=self._cache_events, cache_clock=cache_clock(
+                    self._cache, order, plan, cursor.step, rank, self.world_size))
+        else:
+            batches = self._batches_from_sampler()
+            sampler = iter(batches)
+            for _ in range(cursor.step):
+                next(sampler)
+            steps = range(cursor.step, len(batches))
+            where = dict(sampler=sampler, batched=self.batch_sampler is not None)
+        pool = self._get_pool()
+        depth = getattr(pool, "depth", 0) or self.num_workers * self._prefetch
+        return run(pool=pool, depth=max(depth, 1), steps=steps, skip=frozenset(cursor.ahead),
+                   **where)
+
+    def _end_pass(self, done: EpochPass) -> None:
+        """A pass stopped: hand the workers back (persistent ones keep running, without its
+        queued work), flush the ledger, forget the pass."""
+        if self._pool is not None:
+            if self.persistent_workers:
+                self._pool.discard_pending()
+            else:
+                self._release_pool()
+        if self._ledger is not None:
+            self._ledger.flush()
+        if self._active is done:
+            self._active = None
+
     def _batches_from_sampler(self) -> Any:
         """What the sampler hands out: batches of indices, or (``batch_size=None``) whatever
         the sampler yields, each passed to ``dataset[...]`` as it is (as in torch)."""
@@ -253,7 +301,7 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
             return None
         if self._pool is None:
             setup = WorkerSetup(self.num_workers, self.worker_init_fn,
-                                worker_base_seed(self.seed, self._epoch), self.dataset,
+                                worker_base_seed(self.seed, self._cursor.epoch), self.dataset,
                                 self.multiprocessing_context, targeted)
             self._pool = make_pool(self._task, self.worker_mode, setup)
         return self._pool

@@ -1,30 +1,29 @@
 """One pass over an epoch: tasks to workers in order, batches back in sequence order.
 
-Split from ``dataloader.py``: the DataLoader owns configuration and state, an
-:class:`EpochIterator` owns one iteration (the order of its epoch, the pending tasks, the
-ledger records of the steps it yields).
+The DataLoader owns configuration and position; it hands each pass an :class:`EpochRun` of
+explicit values (the steps and their ids, the workers, the ledger, its :class:`Cursor`). An
+:class:`EpochIterator` owns one iteration: the pending tasks, the ledger records of the steps
+it yields, the cursor's moves.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 
 from stoker.loader.workers.failure import add_note
 from stoker.loader.ledger.digest import batch_digests
 from stoker.loader.fallbacks import Noted, collecting
-from stoker.loader.order.mixture_order import source_order
 from stoker.loader.workers.sample_rng import batch_seed
-from stoker.loader.order.schedule import rank_batch_ids
+from stoker.loader.state import Cursor
 from stoker.loader.workers.info import user_code
 
-if TYPE_CHECKING:
-    from stoker.loader.dataloader import DataLoader
-
-__all__ = ["BatchTask", "Delivered", "EpochIterator", "EpochPass"]
+__all__ = ["BatchTask", "CacheEvents", "Delivered", "EpochIterator", "EpochPass", "EpochRun",
+           "cache_clock"]
 
 
 # (ledger event kind, CacheStats counter)
@@ -79,51 +78,111 @@ class BatchTask:
         return batch
 
 
+@dataclass(frozen=True)
+class EpochRun:
+    """What one pass over an epoch uses, handed over by the DataLoader as values: a pass
+    never reads the loader's state, it moves ``cursor`` and calls ``end`` when it stops.
+
+    Attributes:
+        epoch, seed, rank: the pass's epoch, the loader's seed, this process's rank.
+        cursor: the loader's position, advanced as batches are yielded.
+        task: computes one batch in this process (``pool is None``).
+        pool, depth: the workers (``None``: none) and how many tasks to keep queued.
+        in_order: yield in step order (else as batches are ready).
+        timeout: seconds to wait for a worker's batch (``None``: forever).
+        transfer: moves a batch to its device (pinned copies).
+        stats, fallbacks, ledger: where yielded batches are counted and recorded.
+        end: called once when the pass stops (hands the workers back, flushes the ledger).
+        is_current: whether a pass is still the loader's active one (a stale pass that
+            finishes does not move the loader to the next epoch).
+        steps, skip: the steps to yield (from the cursor on) and those yielded before a
+            resume (``in_order=False``).
+        ids: stoker's order: a step's sample ids; else ``sampler``: the sampler's items from
+            ``steps.start`` on, lists of indices when ``batched``.
+        cache_clock, cache_events: move the node cache's future to a step; write what the
+            cache did to the ledger (``None``: no cache).
+        workers, saved: an IterableDataset's pass: worker slots and a loaded state.
+    """
+
+    epoch: int
+    seed: int
+    rank: int
+    cursor: Cursor
+    task: Callable[[Any], Any]
+    pool: Any
+    depth: int
+    in_order: bool
+    timeout: float | None
+    transfer: Callable[[Any], Any]
+    stats: Any
+    fallbacks: Any
+    ledger: Any
+    end: Callable[["EpochPass"], None]
+    is_current: Callable[["EpochPass"], bool]
+    steps: range = range(0)
+    skip: frozenset[int] = frozenset()
+    ids: Callable[[int], Any] | None = None
+    sampler: Iterator[Any] | None = None
+    batched: bool = True
+    cache_clock: Callable[[int], Any] | None = None
+    cache_events: "CacheEvents | None" = None
+    workers: int = 1
+    saved: dict[str, Any] | None = None
+
+
+class CacheEvents:
+    """Writes what the node cache did since it was last asked (retries, quarantines,
+    repairs) as ledger events, so a run's faults are on record next to the steps they
+    delayed. One per loader: the counters it has written carry over between passes."""
+
+    def __init__(self, cache: Any) -> None:
+        self._cache, self._seen = cache, None
+
+    def write(self, ledger: Any) -> None:
+        now = self._cache.stats()
+        for kind, name in _CACHE_EVENTS:
+            n = getattr(now, name) - (getattr(self._seen, name) if self._seen is not None else 0)
+            if n > 0:
+                ledger.event(kind, count=n)
+        self._seen = now
+
+
+def cache_clock(cache: Any, order: Any, plan: Any, step: int, rank: int,
+                world_size: int) -> Callable[[int], Any] | None:
+    """Hand the cache every shard use from ``step`` on, repeats included
+    (stoker.cache.future); returns ``clock(step)``, which moves the cache's cursor to the
+    first position of ``step`` (``None``: the order cannot say where a step starts)."""
+    steps = plan.steps_per_epoch
+    start = plan.window(step)[0] if step < steps else 0
+    uses = getattr(order, "shard_uses", None)
+    if uses is None and not hasattr(order, "shard_sequence"):
+        return None  # an order that cannot say (the cache then evicts the least recent)
+    if uses is None:  # an order without spans: first uses, positional clock
+        cache.set_future(order.shard_sequence(start, plan.num_samples, rank,
+                                              world_size).tolist())
+        return None
+    shards, first, last = uses(start, plan.num_samples, rank, world_size)
+    cache.set_future(shards, np.stack([first, last], axis=1))
+    return lambda s: cache.advance_to(plan.window(s)[0]) if s < steps else None
+
+
 class EpochPass:
-    """What every pass over an epoch shares: stopping it hands the workers back (or keeps
-    persistent ones, dropping their queued work) and flushes the ledger; idempotent."""
+    """What every pass over an epoch shares: stopping it ends it once (``run.end``: the
+    workers are handed back or, persistent, keep running without its queued work; the
+    ledger is flushed)."""
 
     _closed = True  # until a pass has started: nothing to stop
-    _loader: DataLoader
-    _pool: Any = None
-    _ledger: Any = None
+    _run: EpochRun
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        loader = self._loader
-        if self._pool is not None:
-            if loader.persistent_workers:
-                self._pool.discard_pending()
-            else:
-                loader._release_pool()
-        if self._ledger is not None:
-            self._ledger.flush()
-        if loader._active is self:
-            loader._active = None
+        self._run.end(self)
 
     def __del__(self) -> None:
         if not sys.is_finalizing():  # at exit the loader's own close() has run, or never will
             self.close()
-
-
-def _set_future(cache: Any, order: Any, plan: Any, loader: DataLoader) -> Any:
-    """Hand the cache every shard use from the loader's position on, repeats included
-    (stoker.cache.future); returns ``clock(step)``, which moves the cache's cursor to the
-    first position of ``step``."""
-    steps = plan.steps_per_epoch
-    start = plan.window(loader._step)[0] if loader._step < steps else 0
-    uses = getattr(order, "shard_uses", None)
-    if uses is None and not hasattr(order, "shard_sequence"):
-        return None  # an order that cannot say (the cache then evicts the least recent)
-    if uses is None:  # an order without spans: first uses, positional clock
-        cache.set_future(order.shard_sequence(start, plan.num_samples, loader.rank,
-                                              loader.world_size).tolist())
-        return None
-    shards, first, last = uses(start, plan.num_samples, loader.rank, loader.world_size)
-    cache.set_future(shards, np.stack([first, last], axis=1))
-    return lambda step: cache.advance_to(plan.window(step)[0]) if step < steps else None
 
 
 class EpochIterator(EpochPass):
@@ -131,60 +190,36 @@ class EpochIterator(EpochPass):
     are ready, with ``in_order=False``)."""
 
     _generation = 0
-    _cache_clock: Any = None
 
-    def __init__(self, loader: DataLoader) -> None:
+    def __init__(self, run: EpochRun) -> None:
         EpochIterator._generation += 1
         self._gen = EpochIterator._generation
-        self._loader = loader
-        self._epoch = loader._epoch
+        self._run = run
         self._closed = False
-        self._pool = self._ledger = None
-        # first: a ledger that refuses this loader (another writer, a restart) starts nothing
-        self._ledger = loader._ledger_writer()
-        if loader._mode == "order":
-            order = source_order(loader._source, loader.seed, self._epoch, loader.order_options)
-            plan = loader._plan
-            self._ids = lambda step: rank_batch_ids(order, plan, step)
-            self._steps = iter(range(loader._step, plan.steps_per_epoch))
-            cache = loader._cache
-            if cache is not None:
-                self._cache_clock = _set_future(cache, order, plan, loader)
-        else:
-            batches = loader._batches_from_sampler()
-            it = iter(batches)
-            for _ in range(loader._step):
-                next(it)
-            self._sampler_it = it
-            self._ids = None
-            self._steps = iter(range(loader._step, len(batches)))
-        self._skip = frozenset(loader._ahead)  # yielded before a resume (in_order=False)
-        self._batched = loader.batch_sampler is not None
-        self._pool = loader._get_pool()
+        self._steps = iter(run.steps)
         self._pending: list[tuple[int, Any]] = []
-        self._submitted = 0
-        depth = getattr(self._pool, "depth", 0) or loader.num_workers * loader._prefetch
-        self._depth = max(depth, 1)
-        loader.stats.begin()
+        run.stats.begin()
 
     def _next_task(self) -> tuple[int, Any] | None:
         """(step, ids): an int64 array, or without auto-collation the sampler's item."""
+        run = self._run
         for step in self._steps:
-            if self._ids is not None:
-                if step not in self._skip:
-                    return step, self._ids(step)
+            if run.ids is not None:
+                if step not in run.skip:
+                    return step, run.ids(step)
                 continue
-            item = next(self._sampler_it)
-            if step not in self._skip:
-                return step, np.asarray(list(item), dtype=np.int64) if self._batched else item
+            item = next(run.sampler)  # type: ignore[arg-type]
+            if step not in run.skip:
+                return step, np.asarray(list(item), dtype=np.int64) if run.batched else item
         return None
 
     def _fill(self) -> None:
-        while self._pool is not None and len(self._pending) < self._depth:
+        run = self._run
+        while run.pool is not None and len(self._pending) < run.depth:
             task = self._next_task()
             if task is None:
                 return
-            self._pool.submit((self._gen, task[0]), (task[1], self._epoch, self._loader.seed))
+            run.pool.submit((self._gen, task[0]), (task[1], run.epoch, run.seed))
             self._pending.append(task)
 
     def __iter__(self) -> "EpochIterator":
@@ -193,14 +228,14 @@ class EpochIterator(EpochPass):
     def _take(self) -> tuple[int, Any, Any] | None:
         """The next (step, ids, Delivered): in step order, or with ``in_order=False`` whichever
         pending batch is ready first (as torch's ``in_order=False``)."""
-        loader = self._loader
-        if self._pool is None:
+        run = self._run
+        if run.pool is None:
             task = self._next_task()
             if task is None:
                 return None
             step, ids = task
             try:
-                return step, ids, loader._task((ids, self._epoch, loader.seed))
+                return step, ids, run.task((ids, run.epoch, run.seed))
             except Exception as exc:
                 add_note(exc, f"(stoker: in batch {step}, in the main process)")
                 raise
@@ -208,73 +243,49 @@ class EpochIterator(EpochPass):
         if not self._pending:
             return None
         seqs = [(self._gen, s) for s, _ in self._pending]
-        seq, batch = self._pool.get_any(seqs if not loader.in_order else seqs[:1],
-                                        loader.timeout or None)
+        seq, batch = run.pool.get_any(seqs if not run.in_order else seqs[:1], run.timeout)
         step, ids = self._pending.pop(seqs.index(seq))
-        for restart in self._pool.take_restarts():
-            if self._ledger is not None:
-                self._ledger.event("worker_restart", **restart)
+        for restart in run.pool.take_restarts():
+            if run.ledger is not None:
+                run.ledger.event("worker_restart", **restart)
         self._fill()
         return step, ids, batch
 
     def __next__(self) -> Any:
         if self._closed:
             raise StopIteration
-        loader = self._loader
+        run = self._run
         t0 = time.perf_counter()
         taken = self._take()
         if taken is None:
             return self._finish()
         step, ids, out = taken
         if out.fallbacks:
-            loader._fallbacks.add(out.fallbacks, self._ledger, self._epoch, step)
-        loader.stats.path("compiling" in out.fallbacks)
-        batch = loader._transfer(out.batch)
+            run.fallbacks.add(out.fallbacks, run.ledger, run.epoch, step)
+        run.stats.path("compiling" in out.fallbacks)
+        batch = run.transfer(out.batch)
         waited = time.perf_counter() - t0
         if not isinstance(ids, np.ndarray):  # a sampler's own item (batch_size=None)
-            ids = np.asarray(ids, dtype=np.int64).ravel() if self._ledger is not None \
+            ids = np.asarray(ids, dtype=np.int64).ravel() if run.ledger is not None \
                 else np.zeros(np.size(ids), dtype=np.int64)
-        between = loader.stats.record(len(ids), waited)
-        if self._ledger is not None:
-            self._ledger.step(self._epoch, step, loader.rank, ids, waited, between, out.content)
-            self._cache_events()
-        self._advance(step)
-        if self._cache_clock is not None:
-            self._cache_clock(loader._step)
+        between = run.stats.record(len(ids), waited)
+        if run.ledger is not None:
+            run.ledger.step(run.epoch, step, run.rank, ids, waited, between, out.content)
+            if run.cache_events is not None:
+                run.cache_events.write(run.ledger)
+        run.cursor.advance(step)
+        if run.cache_clock is not None:
+            run.cache_clock(run.cursor.step)
         return batch
 
-    def _advance(self, step: int) -> None:
-        """Record ``step`` as yielded: the loader's position is the first step not yet
-        yielded; steps yielded ahead of it (``in_order=False``) are kept for the state."""
-        loader = self._loader
-        if step != loader._step:
-            loader._ahead.add(step)
-            return
-        loader._step = step + 1
-        while loader._step in loader._ahead:
-            loader._ahead.discard(loader._step)
-            loader._step += 1
-
-    def _cache_events(self) -> None:
-        """Write what the cache did since the last batch (retries, quarantines, repairs) as
-        ledger events, so a run's faults are on record next to the steps they delayed."""
-        cache, ledger = self._loader._cache, self._ledger
-        if cache is None or ledger is None:
-            return
-        now = cache.stats()
-        seen = self._loader._cache_seen
-        for kind, field in _CACHE_EVENTS:
-            n = getattr(now, field) - (getattr(seen, field) if seen is not None else 0)
-            if n > 0:
-                ledger.event(kind, count=n)
-        self._loader._cache_seen = now
-
     def _finish(self) -> Any:
-        loader = self._loader
-        self._cache_events()
-        if self._ledger is not None and loader.stats.fallbacks:
-            self._ledger.event("fallback_counts", epoch=self._epoch, counts=loader.stats.fallbacks)
-        if loader._epoch == self._epoch and loader._active is self:
-            loader._epoch, loader._step, loader._ahead = self._epoch + 1, 0, set()
+        run = self._run
+        if run.ledger is not None:
+            if run.cache_events is not None:
+                run.cache_events.write(run.ledger)
+            if run.stats.fallbacks:
+                run.ledger.event("fallback_counts", epoch=run.epoch, counts=run.stats.fallbacks)
+        if run.cursor.epoch == run.epoch and run.is_current(self):
+            run.cursor.start_epoch(run.epoch + 1)
         self.close()
         raise StopIteration

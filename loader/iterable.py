@@ -26,7 +26,7 @@ import numpy as np
 import xxhash
 
 from stoker.loader.ledger.digest import batch_digests
-from stoker.loader.epoch_iter import EpochIterator, EpochPass
+from stoker.loader.epoch_iter import EpochIterator, EpochPass, EpochRun
 from stoker.loader.errors import StateError
 from stoker.loader.workers.failure import add_note
 from stoker.loader.workers.info import user_code
@@ -116,12 +116,11 @@ class IterableTask:
 class IterableEpoch(EpochPass):
     """One pass over an IterableDataset: batches from the workers in turn, as torch."""
 
-    def __init__(self, loader: DataLoader) -> None:
+    def __init__(self, run: EpochRun) -> None:
         EpochIterator._generation += 1  # one numbering: a pool drops older passes' results
-        self._loader, self._gen, self._epoch = loader, EpochIterator._generation, loader._epoch
-        self._workers = max(loader.num_workers, 1)
-        saved = loader._iterable_state
-        loader._iterable_state = None
+        self._run, self._gen = run, EpochIterator._generation
+        self._workers = run.workers
+        saved = run.saved
         self._states: list[Any] = list(saved["workers"]) if saved else [None] * self._workers
         self._start = list(self._states) if saved else [None] * self._workers
         self._active = [w for w in range(self._workers)
@@ -131,13 +130,11 @@ class IterableEpoch(EpochPass):
         self._sent = [0] * self._workers
         self._pending: list[tuple[int, int]] = []  # (seq, worker)
         self._seq = itertools.count()
-        self._pool = loader._get_pool(targeted=True)
-        self._ledger = loader._ledger_writer()
         self._closed = False
-        loader.stats.begin()
+        run.stats.begin()
 
     def _seed(self, worker: int, j: int) -> int:
-        return xxhash.xxh3_64_intdigest(struct.pack("<qqqq", self._loader.seed, self._epoch,
+        return xxhash.xxh3_64_intdigest(struct.pack("<qqqq", self._run.seed, self._run.epoch,
                                                     worker, j))
 
     def _payload(self, worker: int) -> tuple[int, int, int, Any, int]:
@@ -147,23 +144,23 @@ class IterableEpoch(EpochPass):
         return self._gen, worker, j, start, self._seed(worker, j)
 
     def _fill(self) -> None:
-        depth = self._loader.num_workers * self._loader._prefetch
-        while self._pool is not None and self._active and len(self._pending) < depth:
+        pool = self._run.pool
+        while pool is not None and self._active and len(self._pending) < self._run.depth:
             worker = next(self._cycle)
             while worker not in self._active:
                 worker = next(self._cycle)
             seq = (self._gen, next(self._seq))
-            self._pool.submit(seq, self._payload(worker), worker=worker)
+            pool.submit(seq, self._payload(worker), worker=worker)
             self._pending.append((seq, worker))
 
     def _produce(self) -> tuple[int, Produced] | None:
-        loader = self._loader
+        run = self._run
         while True:
-            if self._pool is None:
+            if run.pool is None:
                 if not self._active:
                     return None
                 try:
-                    out = loader._task(self._payload(0))
+                    out = run.task(self._payload(0))
                 except Exception as exc:
                     add_note(exc, "(stoker: in the main process, iterating the IterableDataset)")
                     raise
@@ -175,7 +172,7 @@ class IterableEpoch(EpochPass):
             if not self._pending:
                 return None
             seq, worker = self._pending.pop(0)
-            out = self._pool.get(seq, loader.timeout or None)
+            out = run.pool.get(seq, run.timeout)
             if out.batch is not None:
                 return worker, out
             if worker in self._active:  # exhausted: torch leaves the worker out from now on
@@ -185,32 +182,32 @@ class IterableEpoch(EpochPass):
         return self
 
     def __next__(self) -> Any:
-        loader = self._loader
+        run = self._run
         produced = None if self._closed else self._produce()
         if produced is None:
-            if not self._closed and loader._epoch == self._epoch:
-                loader._epoch, loader._step = self._epoch + 1, 0
+            if not self._closed and run.cursor.epoch == run.epoch:
+                run.cursor.start_epoch(run.epoch + 1)
             self.close()
             raise StopIteration
         worker, out = produced
         self._states[worker] = out.state
         self._last = worker
-        between = loader.stats.record(out.count, 0.0)
-        if self._ledger is not None:
-            self._ledger.step(self._epoch, loader._step, loader.rank, _NO_IDS, 0.0, between,
-                              out.content)
-        loader._step += 1
-        return loader._transfer(out.batch)
+        between = run.stats.record(out.count, 0.0)
+        if run.ledger is not None:
+            run.ledger.step(run.epoch, run.cursor.step, run.rank, _NO_IDS, 0.0, between,
+                            out.content)
+        run.cursor.step += 1
+        return run.transfer(out.batch)
 
     def state(self) -> dict[str, Any]:
         """Where this pass is, for ``DataLoader.state_dict()``."""
-        loader = self._loader
+        cursor = self._run.cursor
         active = sorted(self._active)
         last = getattr(self, "_last", None)
         after = [w for w in active if last is None or w > last] + \
             [w for w in active if last is not None and w <= last]
-        return {"format": ITERABLE_STATE, "resumable": True, "epoch": loader._epoch,
-                "step": loader._step, "num_workers": loader.num_workers,
+        return {"format": ITERABLE_STATE, "resumable": True, "epoch": cursor.epoch,
+                "step": cursor.step, "num_workers": self._run.workers if self._run.pool else 0,
                 "next_worker": after[0] if after else 0,
                 "exhausted": [w for w in range(self._workers) if w not in self._active],
                 "workers": list(self._states)}
@@ -219,15 +216,15 @@ class IterableEpoch(EpochPass):
 def iterable_state(loader: DataLoader) -> dict[str, Any]:
     """``state_dict()`` of a loader over an IterableDataset."""
     if not stateful(loader.dataset):
-        return {"format": ITERABLE_STATE, "resumable": False, "epoch": loader._epoch,
-                "step": loader._step,
+        return {"format": ITERABLE_STATE, "resumable": False, "epoch": loader._cursor.epoch,
+                "step": loader._cursor.step,
                 "reason": f"{type(loader.dataset).__name__} does not implement state_dict() and "
                           "load_state_dict() (torchdata's Stateful protocol), so stoker cannot "
                           "resume it mid-epoch; implement them on the dataset."}
     active = loader._active
     if isinstance(active, IterableEpoch) and not active._closed:
         return active.state()
-    return {"format": ITERABLE_STATE, "resumable": True, "epoch": loader._epoch, "step": 0,
+    return {"format": ITERABLE_STATE, "resumable": True, "epoch": loader._cursor.epoch, "step": 0,
             "num_workers": loader.num_workers, "next_worker": 0, "exhausted": [],
             "workers": [None] * max(loader.num_workers, 1)}
 
@@ -250,5 +247,6 @@ def load_iterable_state(loader: DataLoader, state: Mapping[str, Any]) -> None:
                          "be loaded; resume with workers=WorkerOptions(mode='process') or num_workers=0.")
     if loader._active is not None:
         loader._active.close()
-    loader._epoch, loader._step = int(state["epoch"]), int(state["step"])
+    loader._cursor.start_epoch(int(state["epoch"]))
+    loader._cursor.step = int(state["step"])
     loader._iterable_state = dict(state) if state["step"] else None

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 from stoker.loader.errors import StateError
 from stoker.loader.iterable import iterable_state, load_iterable_state
-from stoker.loader.state import LoaderState
+from stoker.loader.state import Cursor, LoaderState
 
 __all__ = ["Resumable"]
 
@@ -19,9 +19,7 @@ __all__ = ["Resumable"]
 class Resumable:
     """Mixin of :class:`~stoker.loader.dataloader.DataLoader`: state_dict / load_state_dict."""
 
-    _epoch: int
-    _step: int
-    _ahead: set[int]
+    _cursor: Cursor
     _mode: str
     _source: Any
     _active: Any
@@ -35,9 +33,10 @@ class Resumable:
     def _position(self) -> tuple[int, int]:
         """(epoch, step); "after the last batch of epoch e" is reported as (e + 1, 0)."""
         steps = len(self)
-        if steps and self._step >= steps:
-            return self._epoch + 1, 0
-        return self._epoch, self._step
+        cursor = self._cursor
+        if steps and cursor.step >= steps:
+            return cursor.epoch + 1, 0
+        return cursor.epoch, cursor.step
 
     def _state(self) -> LoaderState:
         epoch, step = self._position()
@@ -47,7 +46,7 @@ class Resumable:
             num_samples=plan.num_samples, seed=self.seed, epoch=epoch,
             step=step, global_batch=plan.global_batch, drop_last=self.drop_last,
             order=self.order_options.to_dict(), world_size=plan.world_size, rank=plan.rank,
-            mode=self._mode, ahead=tuple(sorted(self._ahead)) if step == self._step else ())
+            mode=self._mode, ahead=tuple(sorted(self._cursor.ahead)) if step == self._cursor.step else ())
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch yielded: JSON-plain, small."""
@@ -64,12 +63,14 @@ class Resumable:
         if self._active is not None:
             self._active.close()
         self.seed = saved.seed
-        self._epoch, self._step = saved.epoch, saved.step
-        if self._step > len(self):
+        self._cursor.start_epoch(saved.epoch)
+        self._cursor.step = saved.step
+        if saved.step > len(self):
             raise StateError(f"state step {saved.step} is past the end of the epoch "
                              f"({len(self)} steps); the state does not belong to this loader.")
-        self._epoch, self._step = self._position()
-        self._ahead = set(saved.ahead)
+        epoch, step = self._position()
+        self._cursor.start_epoch(epoch)
+        self._cursor.step, self._cursor.ahead = step, set(saved.ahead)
         self._loaded = saved
         if self._ledger is not None:
             self._ledger.event("resume", state=saved.to_dict())

@@ -25,7 +25,7 @@ def ledger_header(loader: DataLoader) -> dict[str, Any]:
         "order": loader.order_options.to_dict(), "global_batch": plan.global_batch,
         "world_size": loader.world_size, "rank": loader.rank, "drop_last": loader.drop_last,
         "num_workers": loader.num_workers, "worker_mode": loader.worker_mode,
-        "start_epoch": loader._epoch, "start_step": loader._step, "kind": loader._source.kind,
+        "start_epoch": loader.epoch, "start_step": loader._cursor.step, "kind": loader._source.kind,
         "mode": loader._mode,
         "sample_seeding": loader.sample_seeding,
     }
@@ -60,7 +60,7 @@ def open_ledger(loader: DataLoader) -> Any:
     except TypeError:  # an IterableDataset without a length
         steps = None
     check = functools.partial(check_continues, header=header,
-                              start=(loader._epoch, loader._step),
+                              start=(loader.epoch, loader._cursor.step),
                               resumed=loader._resumed_from is not None, steps_per_epoch=steps,
                               path=loader._ledger_path)
     ledger = LedgerWriter(loader._ledger_path, header, ids=loader._ledger_ids, check=check)

@@ -6,12 +6,12 @@ per-rank one, which is why it can be loaded with another ``num_workers`` or worl
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
 from stoker.loader.errors import StateError
 
-__all__ = ["STATE_FORMAT", "LoaderState"]
+__all__ = ["STATE_FORMAT", "Cursor", "LoaderState"]
 
 STATE_FORMAT = "stoker-loader/1"
 
@@ -80,3 +80,27 @@ class LoaderState:
                 "after states were first written: partitions are now chosen from the order's "
                 "working set and block_size defaults to 1024, so a state saved with the old "
                 "defaults continues only with those options passed explicitly.)")
+
+
+@dataclass(slots=True)
+class Cursor:
+    """Where a loader stands now: the epoch it reads, the first step of that epoch not yet
+    yielded, and the steps yielded ahead of it (``in_order=False``). The DataLoader owns it,
+    an epoch's pass moves it as it yields batches, ``state_dict()`` reads it."""
+
+    epoch: int = 0
+    step: int = 0
+    ahead: set[int] = field(default_factory=set)
+
+    def start_epoch(self, epoch: int) -> None:
+        self.epoch, self.step, self.ahead = epoch, 0, set()
+
+    def advance(self, step: int) -> None:
+        """Record ``step`` as yielded; the position stays at the first step not yet yielded."""
+        if step != self.step:
+            self.ahead.add(step)
+            return
+        self.step = step + 1
+        while self.step in self.ahead:
+            self.ahead.discard(self.step)
+            self.step += 1

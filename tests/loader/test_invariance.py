@@ -16,7 +16,8 @@ G = 32
 
 @pytest.fixture(scope="module")
 def reference(dataset):
-    return {e: global_batches(dataset, 1, G, epoch=e, shuffle=True, seed=11, partitions=4)
+    return {e: global_batches(dataset, 1, G, epoch=e, shuffle=ShuffleOptions(partitions=4),
+                              seed=11)
             for e in (0, 1)}
 
 
@@ -35,7 +36,8 @@ def test_workers_do_not_change_order(dataset, reference, num_workers, worker_mod
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_world_size_does_not_change_global_batches(dataset, reference, world_size,
                                                    num_workers) -> None:
-    got = global_batches(dataset, world_size, G, epoch=1, shuffle=True, seed=11, partitions=4,
+    got = global_batches(dataset, world_size, G, epoch=1, shuffle=ShuffleOptions(partitions=4),
+                         seed=11,
                          num_workers=num_workers)
     assert got == reference[1]
 

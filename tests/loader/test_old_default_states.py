@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stoker.loader import DataLoader
+from stoker.loader import DataLoader, ShuffleOptions
 from stoker.loader.errors import StateError
 from stoker.loader.order.epoch import OrderOptions
 from stoker.manifest import Manifest
@@ -20,7 +20,8 @@ def test_a_state_of_the_old_defaults_names_them_and_continues_with_them(dataset:
     rows = Manifest.load(str(dataset)).shard_rows
     old = OrderOptions(partitions=32).resolve(rows)  # what the loader used to choose
     kw = dict(batch_size=16, shuffle=True, seed=4)
-    then = DataLoader(str(dataset), **kw)
+    old_spelled = ShuffleOptions(partitions=old.partitions, block_size=old.block_size)
+    then = DataLoader(str(dataset), **{**kw, "shuffle": old_spelled})
     it = iter(then)
     for _ in range(3):
         next(it)
@@ -31,7 +32,7 @@ def test_a_state_of_the_old_defaults_names_them_and_continues_with_them(dataset:
     with pytest.raises(StateError) as err:
         now.load_state_dict(state)
     assert f"partitions={old.partitions}, block_size={old.block_size}" in str(err.value)
-    again = DataLoader(str(dataset), **kw)
+    again = DataLoader(str(dataset), **{**kw, "shuffle": old_spelled})
     again.load_state_dict(state)
     got = ids_of(again)
     assert got == expected and len(np.concatenate(got)) > 0

@@ -38,8 +38,8 @@ def test_random_stop_points_with_worker_changes(dataset, trial: int) -> None:
 def test_resume_across_world_sizes(dataset, trial: int) -> None:
     """Save in a W=2 run, continue with W=4 (and back): the global stream is unchanged."""
     g = 16
-    reference = [i for e in range(2) for b in global_batches(dataset, 1, g, epoch=e, shuffle=True,
-                                                             seed=9, partitions=4) for i in b]
+    reference = [i for e in range(2) for b in global_batches(dataset, 1, g, epoch=e, seed=9,
+                                                             shuffle=ShuffleOptions(partitions=4)) for i in b]
     rng = random.Random(100 + trial)
     steps = len(DataLoader(dataset, batch_size=g))
     stop = rng.randrange(1, 2 * steps - 1)
