@@ -198,7 +198,7 @@ NOTES = """Where a fresh node's time went before (`.venv/bin/python bench/coldst
 kernels ~1.3 s. Each type-switching kernel compiles one callee per Arrow physical type (10-11)
 for each output dtype and array layout it meets, whether the data has that type or not.
 
-What stoker does now (stoker.loader.jit.warmup, stoker.loader.fastpath.kernels_np): the plan's kernels
+What stoker does now (stoker.loader.fastpath.warm, stoker.loader.fastpath.kernels_np): the plan's kernels
 compile in a background thread, and until they are ready every batch is read by their NumPy
 twins, from the same memory-mapped shards and column metadata, byte for byte the same
 batches (tests/fastpath/test_cold_start.py: every column type, extreme casts, every option

@@ -10,7 +10,8 @@ holders lock two different inodes under one name.
 A forked child inherits the descriptors, and with them the locks (``flock`` belongs to the
 open file description, which the child shares): a child that lives on would hold its parent's
 locks for its whole life, and deadlock on them. So every child closes, right after ``fork``,
-the descriptors of the locks its parent held; the parent keeps its locks.
+the descriptors of the locks its parent held; the parent keeps its locks. The at-fork hook
+that does it is installed with the first lock, not at import.
 """
 
 from __future__ import annotations
@@ -36,8 +37,17 @@ def _close_inherited() -> None:
     _OPEN_FDS.clear()
 
 
-os.register_at_fork(before=_OPEN_MUTEX.acquire, after_in_parent=_OPEN_MUTEX.release,
-                    after_in_child=lambda: (_OPEN_MUTEX.release(), _close_inherited()))
+_HOOKED: list[bool] = []  # the at-fork hook is installed (see _install_fork_hook)
+
+
+def _install_fork_hook() -> None:
+    """Close the parent's lock descriptors in every forked child, from the first lock this
+    process opens on (nothing is installed at import: before that there is nothing to close).
+    Called under ``_OPEN_MUTEX``, so two first locks install it once."""
+    if not _HOOKED:
+        os.register_at_fork(before=_OPEN_MUTEX.acquire, after_in_parent=_OPEN_MUTEX.release,
+                            after_in_child=lambda: (_OPEN_MUTEX.release(), _close_inherited()))
+        _HOOKED.append(True)
 
 
 class FileLock:
@@ -67,6 +77,7 @@ class FileLock:
         fresh = self._fd is None
         if fresh:
             with _OPEN_MUTEX:
+                _install_fork_hook()
                 self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
                 _OPEN_FDS.add(self._fd)
             self._pid = os.getpid()

@@ -48,7 +48,7 @@ class LoaderStats:
 
     def path(self, compiling: bool) -> None:
         """Note which path served the batch just delivered: ``compiling`` (the pyarrow path
-        while the kernels compile, stoker.loader.jit.warmup) or the kernels; a batch from the
+        while the kernels compile, stoker.loader.fastpath.warm) or the kernels; a batch from the
         kernels after one from the pyarrow path counts one switch."""
         if self._compiling and not compiling:
             self.kernel_switches += 1

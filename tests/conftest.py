@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 _RECORDS = tempfile.mkdtemp(prefix="stoker-test-row-major-")
 os.environ["STOKER_ROW_MAJOR_DIR"] = _RECORDS  # subprocesses started by tests inherit it
 # Batches wait for the kernels instead of taking the pyarrow path while they compile
-# (stoker.loader.jit.warmup): which path served a batch must not depend on timing in a test.
+# (stoker.loader.fastpath.warm): which path served a batch must not depend on timing in a test.
 # tests/fastpath/test_cold_start.py turns the fallback on where it is what is tested.
 os.environ["STOKER_COLD_START"] = "wait"
 

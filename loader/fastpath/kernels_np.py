@@ -3,7 +3,7 @@ same bytes written, no compilation.
 
 A fresh node has no compiled kernels; compiling them takes 25-60 s of one core
 (bench/coldstart_bench.py ``--profile``). Until they are ready, :class:`FastPlan.run
-<stoker.loader.fastpath.plan.FastPlan>` runs with these instead (:mod:`stoker.loader.jit.warmup`), so
+<stoker.loader.fastpath.plan.FastPlan>` runs with these instead (:mod:`stoker.loader.fastpath.warm`), so
 the first batch costs vectorised NumPy (a few ms per W1 batch), not a compile. Each twin reads
 the same arena views and column metadata as its kernel and writes the same values: casts are
 NumPy's assignment casts, which are the C casts the kernels' LLVM code performs, nulls are 0,

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from stoker.loader.fastpath import rowmajor
 
-from stoker.loader.jit import warmup
+from stoker.loader.fastpath import warm
 from stoker.loader.fallbacks import note
 from stoker.loader.fastpath.record_store import RecordStore
 from stoker.loader.fastpath.record_table import RecordTable
@@ -96,7 +96,7 @@ class ShardRecords:
         if self.mode < 0 or (store is not None and name is not None and store.exists(name)):
             self._get(index, data, misfits, name)
         else:
-            self._pools()[0].submit(warmup.after_first_batch, self._get, index, data, misfits,
+            self._pools()[0].submit(warm.after_first_batch, self._get, index, data, misfits,
                                     name)
 
     def dropped(self, index: int) -> None:

@@ -1,26 +1,23 @@
-"""Load the fast path's compiled kernels in a background thread while the loader is set up.
+"""Background compilation of Numba kernels: warm-up threads, once per key and process.
 
 A fresh process pays ~0.3-0.5 s before its first batch for Numba's one-time start-up and for
-loading each cached kernel (shared/FIELD-NOTES.md). That work does not depend on the data:
-only on the kernels' argument *types*. :func:`start` runs the fast plan once, in a daemon
-thread, over a two-row table of the dataset's schema (read-only buffers, like a
-memory-mapped shard), so the kernels a batch will call are loaded while the user builds a
-model or an optimiser. Start-up work that happens anyway is merely moved earlier; a failure
-only means the first batch loads the kernels itself (logged at debug level).
+loading each cached kernel (shared/FIELD-NOTES.md); on a node whose Numba cache is empty,
+compiling stoker's kernels takes 25-60 s of one core. That work depends only on the kernels'
+argument *types*, so it can run in a daemon thread while the user builds a model. This module
+runs those threads (:func:`spawn`) and answers whether they are still working (:func:`warming`,
+:func:`finished`); *what* a warm-up compiles belongs to the layer that owns the kernels
+(the fast path's plans and the order: :mod:`stoker.loader.fastpath.warm`), since jit is the
+bottom layer and imports nothing above it.
 
-On a node whose Numba cache is empty, compiling the kernels takes 25-60 s of one core
-(bench/coldstart_bench.py ``--profile``). Batches do not wait for it: until the warm-up of
-their plan has finished (:func:`ready`), :class:`~stoker.loader.read.arrow.ArrowSource`
-reads them through its pyarrow path, which gives byte for byte the batches the kernels give
-(tests/fastpath/test_cold_start.py), and counts each as a ``"compiling"`` fallback; the
-first batch after the warm-up uses the kernels (``loader.stats["kernel_switches"]``).
-``STOKER_COLD_START=wait`` restores the old behaviour (the first batch compiles the kernels
-itself): the test suite uses it, so which path served a batch never depends on timing there.
+Nothing happens at import: the at-fork and exit hooks below are installed with the first
+warm-up thread (the first :func:`spawn`, e.g. the first DataLoader's :func:`prime`).
 
 Fork safety: a child forked while a thread holds Numba's compiler lock would deadlock on its
 first kernel call, so an at-fork hook holds that lock across ``fork`` (waiting for the kernel
 being compiled, not for the whole warm-up); a child whose parent was still warming up starts
 its own warm-up at its first batch (kernels the parent already compiled load from the cache).
+At exit, the hook waits for the warm-ups: a thread stopped inside Numba can crash the
+interpreter.
 """
 
 from __future__ import annotations
@@ -29,25 +26,50 @@ import atexit
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
-import pyarrow as pa
 
 from stoker.loader.fallbacks import note
 
-if TYPE_CHECKING:
-    from stoker.loader.fastpath.plan import FastPlan
-
-__all__ = ["after_first_batch", "first_call", "plan_key", "prime", "ready", "served", "start", "wait",
+__all__ = ["compile_errors", "finished", "first_call", "prime", "spawn", "started", "wait",
            "warming"]
-
 
 _lock = threading.Lock()
 _threads: list[threading.Thread] = []
-_done: set[tuple[str, ...]] = set()  # plans whose warm-up started in this process
-_finished: set[tuple[str, ...]] = set()  # ... and has finished (kernels compiled or loaded)
+_done: set[tuple[str, ...]] = set()  # warm-ups started in this process
+_finished: set[tuple[str, ...]] = set()  # ... and finished (kernels compiled or loaded)
 _first: set[str] = set()  # see first_call
+_hooked: list[bool] = []  # the hooks are installed (see _install_hooks)
+_held_for_fork: list[Any] = []
+
+
+def spawn(key: tuple[str, ...], target: Callable[..., None], *args: Any) -> None:
+    """Run ``target(*args)`` in a daemon warm-up thread, once per ``key`` and process.
+
+    The warm-up counts as *finished* however it ends: after a failure the kernels compile at
+    their first call (or raise there), as without a warm-up.
+    """
+    with _lock:
+        if key in _done:
+            return
+        _install_hooks()
+        _done.add(key)
+        thread = threading.Thread(target=_finishing, args=(key, target, args),
+                                  name="stoker-warmup", daemon=True)
+        _threads[:] = [t for t in _threads if t.is_alive()] + [thread]
+    thread.start()
+
+
+def started(key: tuple[str, ...]) -> bool:
+    """Whether the warm-up ``key`` was started in this process (a forked child forgets the
+    ones its parent had not finished)."""
+    return key in _done
+
+
+def finished(key: tuple[str, ...]) -> bool:
+    """Whether the warm-up ``key`` has finished in this process."""
+    return key in _finished
 
 
 def wait() -> None:
@@ -59,13 +81,80 @@ def wait() -> None:
             t.join()
 
 
+def warming() -> bool:
+    """Whether a warm-up thread is still compiling or loading kernels in this process (and
+    ``STOKER_COLD_START`` is not ``wait``): NumPy twins may serve the order meanwhile."""
+    if os.environ.get("STOKER_COLD_START", "fallback") == "wait":
+        return False
+    return any(t.is_alive() for t in _threads)
+
+
+def first_call(name: str) -> bool:
+    """True for the first call of ``name`` in this process if a warm-up thread is still
+    loading kernels: that call (the first batch's order or gather) may use its NumPy twin
+    instead of waiting for Numba's start-up. Later calls wait for the kernels: NumPy batches
+    competing with the warm-up for the GIL measured slower overall (bench/RESULTS.md)."""
+    if name in _first:  # every call but a process's first: no lock
+        return False
+    with _lock:
+        if name in _first:
+            return False
+        _first.add(name)
+        return any(t.is_alive() for t in _threads)
+
+
+def compile_errors() -> tuple[type[BaseException], ...]:
+    """What compiling or loading a kernel on synthetic inputs may raise: a warm-up that hits
+    one of these is only a lost head start (the first batch compiles, or raises, itself);
+    anything else is a bug and propagates (the warm-up thread then prints it)."""
+    from numba.core.errors import NumbaError
+
+    return (NumbaError, ImportError, OSError, MemoryError, RuntimeError, ValueError, TypeError)
+
+
+def prime() -> None:
+    """Start Numba's one-time runtime initialisation (type registries, the CPU target, the
+    cache index: ~0.2 s, the bulk of a fresh process's first batch) in a warm-up thread,
+    once per process, by loading the search kernel every other kernel calls.
+
+    Transitional home: :func:`stoker.loader.fastpath.warm.prime` does this *and* loads the
+    order's kernels (which jit, the bottom layer, cannot import); callers should use that.
+    """
+    spawn(("numba",), _numba_runtime)
+
+
+def _numba_runtime() -> None:
+    from stoker.loader.jit.search import last_at_or_below
+
+    try:
+        last_at_or_below(np.zeros(2, dtype=np.int64), np.int64(0), np.int64(0), np.int64(2))
+    except compile_errors() as exc:  # only a head start: the first kernel call initialises
+        note("warmup_skipped", f"numba: {type(exc).__name__}: {exc}")  # Numba (or raises)
+
+
+def _finishing(key: tuple[str, ...], target: Callable[..., None], args: tuple[Any, ...]) -> None:
+    try:
+        target(*args)
+    finally:
+        _finished.add(key)
+
+
+def _install_hooks() -> None:
+    """Install the at-fork and exit hooks, once per process (called under ``_lock``, before
+    the first warm-up thread starts)."""
+    if _hooked:
+        return
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                            after_in_child=_after_fork_in_child)
+    atexit.register(wait)  # a thread stopped inside Numba at interpreter exit can crash it
+    _hooked.append(True)
+
+
 def _compiler_lock() -> Any:
     """Numba's global compiler lock, or ``None`` while Numba is not imported."""
     module = sys.modules.get("numba.core.compiler_lock")
     return getattr(module, "global_compiler_lock", None)
-
-
-_held_for_fork: list[Any] = []
 
 
 def _before_fork() -> None:
@@ -83,252 +172,6 @@ def _after_fork_in_parent() -> None:
 def _after_fork_in_child() -> None:
     _after_fork_in_parent()
     # the warm-up threads did not survive the fork: unfinished plans start again (lazily,
-    # at the child's first batch, see ready)
+    # at the child's first batch, see stoker.loader.fastpath.warm.ready)
     _threads.clear()
     _done.intersection_update(_finished)
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                        after_in_child=_after_fork_in_child)
-atexit.register(wait)  # a thread stopped inside Numba at interpreter exit can crash it
-
-
-def _zero(t: pa.DataType) -> pa.Array:
-    """A one-value array of type ``t`` with real buffers (all-null arrays may have none)."""
-    if pa.types.is_dictionary(t):
-        return pa.DictionaryArray.from_arrays(pa.array([0], t.index_type),
-                                              pa.nulls(1, t.value_type))
-    if pa.types.is_large_list(t):
-        return pa.LargeListArray.from_arrays(pa.array([0, 1], pa.int64()), _zero(t.value_type))
-    if pa.types.is_list(t):
-        return pa.ListArray.from_arrays(pa.array([0, 1], pa.int32()), _zero(t.value_type))
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        return pa.array([b"0"], t)
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return pa.array(["0"], t)
-    if pa.types.is_boolean(t):
-        return pa.array([False], t)
-    return pa.array([0], t)
-
-
-def _tiny_shard(schema: pa.Schema, columns: list[str]) -> tuple[list[pa.RecordBatch], pa.Buffer]:
-    """Two rows of ``columns`` and the read-only IPC file holding them (their arena)."""
-    fields = [schema.field(c) for c in columns]
-    # two rows: a one-row shard's record views would be C-contiguous, a real shard's are not
-    batch = pa.RecordBatch.from_arrays([pa.concat_arrays([_zero(f.type)] * 2) for f in fields],
-                                       schema=pa.schema(fields))
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, batch.schema) as w:
-        w.write_batch(batch)
-    arena = pa.py_buffer(sink.getvalue().to_pybytes())
-    return [pa.ipc.open_file(arena).get_batch(0)], arena
-
-
-def _run(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
-    """Load the kernels in the order a first batch needs them: the order's, the records
-    gather (records already on disk are mapped when a shard opens), the column kernels, then
-    the kernels that build records."""
-    from stoker.loader.fastpath import rowmajor
-    from stoker.loader.fastpath.plan import ShardData
-    from stoker.loader.fastpath.record_table import RecordTable
-    from stoker.loader.fastpath.ring import BufferRing
-
-    _order()
-    try:
-        batches, arena = _tiny_shard(schema, plan.kernel_columns)
-        data = ShardData(batches, arena, plan.kernel_columns)
-        ring = BufferRing(1, False)
-        one = np.zeros(1, dtype=np.int64)
-        slot = ring.acquire()
-        try:
-            layout = rowmajor.RecordLayout.of(plan, batches) if row_major else None
-            if layout is not None:
-                table = RecordTable(layout, 1)
-                table.add(0, np.zeros((2, layout.stride), dtype=np.uint8))
-                table.gather(one, np.array([0, 2], dtype=np.int64), slot, kernel=True)
-            plan.run([(data, one, one, one)], 1, slot, lambda cols: {c: None for c in cols})
-            if layout is not None:
-                rowmajor.build(layout, data, layout.misfits(batches))
-        finally:
-            ring.release(slot)
-    except _expected() as exc:  # only a head start; the first batch loads them (or raises)
-        note("warmup_skipped", f"kernels: {type(exc).__name__}: {exc}")
-
-
-def plan_key(plan: FastPlan, row_major: bool) -> tuple[str, ...]:
-    """What a plan's warm-up depends on (one warm-up per key and process)."""
-    return (*plan.kernel_columns, *(f"{o.name}:{o.kind}" for o in plan.outputs), str(row_major),
-            repr(plan.image))
-
-
-def start(plan: FastPlan, schema: pa.Schema, row_major: bool) -> tuple[str, ...]:
-    """Warm ``plan``'s kernels in a daemon thread (once per plan shape and process); returns
-    the plan's key (see :func:`ready`)."""
-    key = plan_key(plan, row_major)
-    _spawn(key, _run_plan, (plan, schema, row_major))
-    return key
-
-
-def ready(key: tuple[str, ...], plan: FastPlan, schema: pa.Schema, row_major: bool) -> bool:
-    """Whether a batch of plan ``key`` may use the kernels now: the plan's warm-up has
-    finished in this process (started here if it was not), or the node compiled the kernels
-    before (batches then load them from the cache, as the warm-up does), or
-    ``STOKER_COLD_START=wait`` (batches compile what they need themselves)."""
-    if key in _finished:
-        return True
-    if os.environ.get("STOKER_COLD_START", "fallback") == "wait" or _warm_node():
-        return True  # loading cached kernels (~0.3 s) beats the twins racing it for the GIL
-    if key not in _done:  # a forked or unpickled worker: its own warm-up
-        start(plan, schema, row_major)
-    return key in _finished
-
-
-def _run_plan(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
-    """The warm-up of an image plan: the image options' own kernels, then every other kernel
-    the plan calls (the image column's bytes are gathered as a binary column would be)."""
-    if plan.image is None:
-        _run(plan, schema, row_major)
-        return
-    try:
-        _images(plan.image)
-    except _expected() as exc:  # only a head start
-        note("warmup_skipped", f"images: {type(exc).__name__}: {exc}")
-    from stoker.loader.fastpath.plan import FastPlan as Plan
-
-    grouped = {o.name: list(o.columns) for o in plan.outputs if o.kind == "matrix"}
-    _run(Plan(schema, [c for o in plan.outputs for c in o.columns], grouped.get("features", []),
-              grouped.get("categoricals", [])), schema, row_major)
-
-
-def _images(options: Any) -> None:
-    """Compile the augmentation kernels with the argument types ``decode_into`` passes."""
-    if options.identity:
-        return
-    from stoker.loader.fastpath.images import _unit, crop_box, resample
-
-    key, sample = np.uint64(1), np.int64(0)
-    box = crop_box(key, sample, 2, 2, 0.5, 1.0, 0.75, 1.25) if options.crop is not None \
-        else (0, 0, 2, 2)
-    _unit(key, sample, 99)
-    out = np.zeros((1, *options.size, 3), dtype=options.dtype)
-    resample(np.zeros((2, 2, 3), np.uint8), *box, False, 1.0, np.zeros(3), np.ones(3),
-             options.output != "float32", out[0])
-
-
-def _order() -> None:
-    from stoker.loader.order.feistel import order_range
-    from stoker.loader.order.epoch import EpochOrder, OrderOptions
-
-    try:
-        order = EpochOrder(np.array([64, 64], dtype=np.int64), "0" * 32, 0, 0, OrderOptions())
-        order_range(np.int64(0), np.int64(4), np.int64(1), *order._kernel_args())
-    except _expected() as exc:  # only a head start
-        note("warmup_skipped", f"order: {type(exc).__name__}: {exc}")
-
-
-def _expected() -> tuple[type[BaseException], ...]:
-    """What compiling or loading kernels on a synthetic shard may raise (a fallback); anything
-    else is a bug and propagates (the warm-up thread then prints it)."""
-    from numba.core.errors import NumbaError
-
-    return (NumbaError, ImportError, OSError, MemoryError, RuntimeError, ValueError, TypeError,
-            pa.ArrowException)
-
-
-def first_call(name: str) -> bool:
-    """True for the first call of ``name`` in this process if a warm-up thread is still
-    loading kernels: that call (the first batch's order or gather) may use its NumPy twin
-    instead of waiting for Numba's start-up. Later calls wait for the kernels: NumPy batches
-    competing with the warm-up for the GIL measured slower overall (bench/RESULTS.md)."""
-    if name in _first:  # every call but a process's first: no lock
-        return False
-    with _lock:
-        if name in _first:
-            return False
-        _first.add(name)
-        return any(t.is_alive() for t in _threads)
-
-
-def warming() -> bool:
-    """Whether a warm-up thread is still compiling or loading kernels in this process (and
-    ``STOKER_COLD_START`` is not ``wait``): NumPy twins may serve the order meanwhile."""
-    if os.environ.get("STOKER_COLD_START", "fallback") == "wait":
-        return False
-    return any(t.is_alive() for t in _threads)
-
-
-def prime() -> None:
-    """Start Numba's one-time runtime initialisation (~0.2 s of imports and type registries,
-    the bulk of a fresh process's first batch) and load the order's kernels, in a daemon
-    thread, once per process. Called when :mod:`stoker.loader.dataloader` is imported, so a
-    script that imports stoker and then builds its model finds it done."""
-    _spawn(("order",), _order, ())
-
-
-def _spawn(key: tuple[str, ...], target: Callable[..., None], args: tuple[Any, ...]) -> None:
-    with _lock:
-        if key in _done:
-            return
-        _done.add(key)
-        thread = threading.Thread(target=_finishing, args=(key, target, args),
-                                  name="stoker-warmup", daemon=True)
-        _threads[:] = [t for t in _threads if t.is_alive()] + [thread]
-    thread.start()
-
-
-_served = threading.Event()  # a first batch was delivered in this process (see served)
-_HOLD_S = 1.0  # longest a warm-up waits for that first batch before it compiles anyway
-
-
-def served() -> None:
-    """A batch was read: warm-ups waiting for the first batch start compiling now. Numba's
-    compiler is Python code holding the GIL; the first batch, read meanwhile through the
-    NumPy twins, measured 0.3-0.5 s slower against it (bench/coldstart_bench.py)."""
-    if not _served.is_set():
-        _served.set()
-
-
-def _compiled_before() -> bool:
-    """Whether Numba's cache holds stoker's kernels already (this node compiled them before):
-    loading them takes ~0.3 s, best done at once (while the caller builds a model); only
-    compiling them is worth holding back for the first batch. Unknown counts as yes."""
-    try:
-        from stoker.loader.fastpath import kernels as k
-
-        return os.path.exists(k.gather_fixed._cache._cache_file._index_path)
-    except AttributeError:  # another Numba's cache internals: do not hold anything back
-        return True
-
-
-_warm: list[bool] = []  # _compiled_before(), asked once per process
-
-
-def _warm_node() -> bool:
-    if not _warm:
-        _warm.append(_compiled_before())
-    return _warm[0]
-
-
-def _hold() -> None:
-    """Wait for a first batch (at most :data:`_HOLD_S`) when the kernels must compile."""
-    if not _served.is_set() and not _warm_node():
-        _served.wait(_HOLD_S)
-
-
-def after_first_batch(fn: Callable[..., None], *args: Any) -> None:
-    """``fn(*args)`` once a first batch was delivered (or :data:`_HOLD_S` passed) on a node
-    whose kernels must compile: for background work that compiles kernels (building
-    row-major records)."""
-    _hold()
-    fn(*args)
-
-
-def _finishing(key: tuple[str, ...], target: Callable[..., None], args: tuple[Any, ...]) -> None:
-    """Run a warm-up; its plan is *finished* however it ended (after a failure, batches use
-    the kernels and compile or raise there, as without a warm-up)."""
-    try:
-        _hold()
-        target(*args)
-    finally:
-        _finished.add(key)

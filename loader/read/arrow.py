@@ -29,7 +29,7 @@ from stoker.loader.fastpath.plan import FastPlan, NotZeroCopy, ShardData
 from stoker.loader.fastpath.record_table import RecordTable
 from stoker.loader.fastpath.ring import BufferRing
 from stoker.loader.fastpath.shard_records import ShardRecords
-from stoker.loader.jit import warmup
+from stoker.loader.fastpath import warm
 from stoker.loader.order.options import OrderOptions
 from stoker.loader.read.arrow_batch import arrow_batch
 from stoker.loader.read.columns import check_categoricals, check_column_names, check_image_column
@@ -131,7 +131,7 @@ class ArrowSource:
             if self._plan is not None else None
         self._stager: Stager | None = None
         self._records_mode = self._rm.mode if self._rm is not None else 0  # bytes; -1: any
-        self._warm = (warmup.start(self._plan, schema, bool(self._rm and self._rm.mode)),
+        self._warm = (warm.start(self._plan, schema, bool(self._rm and self._rm.mode)),
                       self._plan, schema, bool(self._rm and self._rm.mode)) \
             if self._plan is not None else None
 
@@ -284,7 +284,7 @@ class ArrowSource:
         if self._plan is not None and len(ids):
             slot = self._ring.acquire()
             try:
-                twins = not warmup.ready(*self._warm)  # the kernels are still compiling:
+                twins = not warm.ready(*self._warm)  # the kernels are still compiling:
                 try:  # their NumPy twins write the same bytes now, from the same shards
                     filled, groups, rest = self._gather_twins(ids, slot) if twins \
                         else self._gather_records(ids, slot, epoch, seed)
@@ -303,7 +303,7 @@ class ArrowSource:
                                            (ids, self.fingerprint, seed, epoch), filled, rest,
                                            kernels_np if twins else kernels)
                     if twins:  # the warm-ups held back for the first batch compile now
-                        warmup.served()
+                        warm.served()
                     return batch
             finally:
                 self._ring.release(slot)

@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importli
 from fastpath_helpers import random_array  # noqa: E402
 
 from stoker.loader import DataLoader, ReadOptions  # noqa: E402
+from stoker.loader.fastpath import warm  # noqa: E402
 from stoker.loader.jit import warmup  # noqa: E402
 
 from stoker.loader.fastpath import kernels
@@ -112,7 +113,7 @@ def test_twins_cast_extreme_values_as_the_kernels_do() -> None:
 
 
 class _Gate:
-    """``warmup.ready`` that answers "compiling" for the first ``closed`` batches."""
+    """``warm.ready`` that answers "compiling" for the first ``closed`` batches."""
 
     def __init__(self, closed: int) -> None:
         self.closed, self.calls = closed, 0
@@ -125,7 +126,7 @@ class _Gate:
 def _epoch(root: Path, monkeypatch: pytest.MonkeyPatch, gate: Callable[..., bool] | None,
            **kw: Any) -> tuple[list[dict[str, Any]], Any]:
     if gate is not None:
-        monkeypatch.setattr(warmup, "ready", gate)
+        monkeypatch.setattr(warm, "ready", gate)
     loader = DataLoader(root, batch_size=8, seed=3, **kw)
     try:
         batches = [{k: _raw(v) for k, v in b.items()} for b in loader]
@@ -200,18 +201,18 @@ def test_ready_waits_for_the_plans_warm_up(monkeypatch: pytest.MonkeyPatch) -> N
     started: list[tuple[str, ...]] = []
     monkeypatch.setattr(warmup, "_finished", set())
     monkeypatch.setattr(warmup, "_done", set())
-    monkeypatch.setattr(warmup, "start", lambda plan, schema, rm: started.append(("k",)))
+    monkeypatch.setattr(warm, "start", lambda plan, schema, rm: started.append(("k",)))
     monkeypatch.setenv("STOKER_COLD_START", "fallback")
-    monkeypatch.setattr(warmup, "_warm", [False])  # a node that never compiled the kernels
-    assert not warmup.ready(("k",), None, None, False)  # type: ignore[arg-type]
+    monkeypatch.setattr(warm, "_warm", [False])  # a node that never compiled the kernels
+    assert not warm.ready(("k",), None, None, False)  # type: ignore[arg-type]
     assert started == [("k",)]
     warmup._finished.add(("k",))
-    assert warmup.ready(("k",), None, None, False)  # type: ignore[arg-type]
-    monkeypatch.setattr(warmup, "_warm", [True])  # kernels in the cache: load, not twins
-    assert warmup.ready(("other",), None, None, False)  # type: ignore[arg-type]
-    monkeypatch.setattr(warmup, "_warm", [False])
+    assert warm.ready(("k",), None, None, False)  # type: ignore[arg-type]
+    monkeypatch.setattr(warm, "_warm", [True])  # kernels in the cache: load, not twins
+    assert warm.ready(("other",), None, None, False)  # type: ignore[arg-type]
+    monkeypatch.setattr(warm, "_warm", [False])
     monkeypatch.setenv("STOKER_COLD_START", "wait")
-    assert warmup.ready(("other",), None, None, False)  # type: ignore[arg-type]
+    assert warm.ready(("other",), None, None, False)  # type: ignore[arg-type]
 
 
 def test_a_forked_child_restarts_unfinished_warm_ups(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,5 +222,6 @@ def test_a_forked_child_restarts_unfinished_warm_ups(monkeypatch: pytest.MonkeyP
     warmup._after_fork_in_child()
     assert warmup._done == {("done",)} and not warmup._held_for_fork
     lock = warmup._compiler_lock()
-    assert lock is not None and lock._lock.acquire(blocking=False)  # not left held
+    # not left held (a warm-up thread of an earlier test may be compiling: wait for it)
+    assert lock is not None and lock._lock.acquire(timeout=120)
     lock._lock.release()

@@ -104,8 +104,7 @@ def test_the_scan_does_not_flag_other_names(source: str) -> None:
 _LOADER_TOP = ("dataloader", "distributed", "epoch_iter", "iterable", "loader_state", "sources",
                "loader_world", "run_ledger", "samplers", "state", "stats", "transfer")
 _ABOVE = {
-    # jit's warm-up still imports order and fastpath inside its plan warm-ups (issue 13 note)
-    "jit": ("read", "workers", "ledger", "service", "options"),
+    "jit": ("order", "fastpath", "read", "workers", "ledger", "service", "options"),
     "order": ("fastpath", "read", "workers", "ledger", "service", "options"),
     "fastpath": ("read", "workers", "ledger", "service", "options"),
     "workers": ("fastpath", "read", "ledger", "service", "options"),
