@@ -3,7 +3,7 @@
 A batch key (``stoker.loader.service.key``) names a batch of a stoker dataset completely, so a
 server holds no cursor and any server can answer any key: the catalog turns a key into ids
 (the order) and rows (the dataset's reader), the Flight server streams it with its digests,
-the client (``DataLoader(..., service=[...])``, in stoker.loader) retries, hedges and checks.
+the client (``DataLoader(..., workers=WorkerOptions(service=[...]))``, in stoker.loader) retries, hedges and checks.
 Nothing imports this package but the command line (stoker.tools.cli.serve).
 """
 

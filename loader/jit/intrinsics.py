@@ -15,20 +15,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from llvmlite import ir
-from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from stoker.loader.jit.kernel import lazy_intrinsic
 
 __all__ = ["pointer", "prefetch"]
 
-_BYTE_PTR = ir.IntType(8).as_pointer()
-_I32 = ir.IntType(32)
 
-
-@intrinsic
-def pointer(typingctx: Any, address: types.Type) -> Any:
+@lazy_intrinsic
+def pointer(typingctx: Any, address: Any) -> Any:
     """``uint8*`` at integer ``address`` (index it like an array of bytes)."""
+    from numba import types
+
     if not isinstance(address, types.Integer):
         return None
     result = types.CPointer(types.uint8)
@@ -39,18 +35,23 @@ def pointer(typingctx: Any, address: types.Type) -> Any:
     return result(address), codegen
 
 
-@intrinsic
-def prefetch(typingctx: Any, address: types.Type) -> Any:
+@lazy_intrinsic
+def prefetch(typingctx: Any, address: Any) -> Any:
     """Hint the CPU to load the cache line holding integer ``address`` (never faults)."""
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+
     if not isinstance(address, types.Integer):
         return None
+    byte_ptr, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        fnty = ir.FunctionType(ir.VoidType(), [_BYTE_PTR, _I32, _I32, _I32])
+        fnty = ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-        ptr = builder.inttoptr(args[0], _BYTE_PTR)
+        ptr = builder.inttoptr(args[0], byte_ptr)
         # (address, read=0, locality=3: keep in every level, data cache=1)
-        builder.call(fn, [ptr, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
         return context.get_dummy_value()
 
     return types.none(address), codegen

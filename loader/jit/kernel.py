@@ -7,19 +7,29 @@ shared/FIELD-NOTES.md). Read-only site-packages on a cluster node with a read-on
 a common case, so :func:`kernel` checks first and, when needed, points ``NUMBA_CACHE_DIR`` at a
 writable fallback (the user cache dir, else the system temp dir), with a warning when a value the
 user set had to be replaced. If nothing at all is writable the kernels compile without caching.
+
+Numba itself is imported at the first *use* of a kernel, not when a module defining one is
+imported: importing Numba costs ~0.3-0.5 s (LLVM bindings, type registries), and a process that
+imports stoker's DataLoader should not pay it before it builds a loader (whose construction
+starts Numba in the background, stoker.loader.jit.warmup). :func:`kernel` and
+:func:`lazy_intrinsic` return stand-ins; the first use of any of them makes them all (one
+``numba.njit`` / ``numba.extending.intrinsic`` each) and rebinds every stoker module's global
+that held a stand-in to the real dispatcher, so kernels that call kernels compile as before
+and later calls go straight to Numba.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import sys
 import tempfile
+import threading
 import warnings
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
-import numba
-
-__all__ = ["KernelCacheWarning", "choose_cache_dir", "kernel"]
+__all__ = ["KernelCacheWarning", "Lazy", "choose_cache_dir", "kernel", "lazy_intrinsic",
+           "materialize"]
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -96,18 +106,125 @@ def _prepare_cache(source_dir: str) -> bool:
     if cache_dir:
         os.environ["NUMBA_CACHE_DIR"] = cache_dir
         # Numba read the environment when it was imported; its locators read this attribute.
+        import numba
+
         numba.config.CACHE_DIR = cache_dir
     return cache_dir != ""
 
 
-def kernel(fn: F) -> F:
-    """Compile ``fn`` with ``@njit(cache=True, nogil=True)`` after securing a cache directory.
+class Lazy:
+    """A kernel (or intrinsic) whose Numba object is made at its first use.
 
-    Every stoker kernel goes through here, so the cache fallback and the compile flags live in
-    one place. Kernels are compiled lazily, at their first call with a new signature.
+    Calls and attribute reads (``signatures``, ``py_func``, ...) go to the real object; pickling
+    names the defining module and name, as a Numba dispatcher's does.
     """
+
+    def __init__(self, fn: Callable[..., Any], kind: str) -> None:
+        self._fn, self._kind, self._real = fn, kind, None
+        self.__name__, self.__qualname__ = fn.__name__, fn.__qualname__
+        self.__module__, self.__doc__, self.__wrapped__ = fn.__module__, fn.__doc__, fn
+
+    def real(self) -> Any:
+        if self._real is None:
+            materialize()
+        return self._real
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.real()(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real(), name)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_named, (self.__module__, self.__qualname__))
+
+    def __repr__(self) -> str:
+        state = "made" if self._real is not None else "not made yet"
+        return f"<stoker {self._kind} {self.__module__}.{self.__qualname__} ({state})>"
+
+
+def _named(module: str, qualname: str) -> Any:
+    import importlib
+
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj.real() if isinstance(obj, Lazy) else obj
+
+
+_pending: list[Lazy] = []
+_made = threading.Event()
+_lock = threading.RLock()
+
+
+def _make(fn: Callable[..., Any], kind: str) -> Any:
+    if kind == "intrinsic":
+        from numba.extending import intrinsic
+
+        return intrinsic(fn)
     import inspect
 
-    source_dir = os.path.dirname(os.path.abspath(inspect.getfile(fn)))
-    cache = _prepare_cache(source_dir)
-    return numba.njit(cache=cache, nogil=True)(fn)  # type: ignore[no-any-return]
+    import numba
+
+    cache = _prepare_cache(os.path.dirname(os.path.abspath(inspect.getfile(fn))))
+    return numba.njit(cache=cache, nogil=True)(fn)
+
+
+def materialize() -> None:
+    """Import Numba and make every kernel and intrinsic defined so far (idempotent,
+    thread-safe); stoker modules' globals that held a stand-in then hold the real object."""
+    if _made.is_set():
+        return
+    _hold_across_forks()
+    with _lock:
+        if _made.is_set():
+            return
+        for lazy in _pending:  # intrinsics were registered first: kernels that use them
+            lazy._real = _make(lazy._fn, lazy._kind)  # are typed only when first called
+        for name, module in list(sys.modules.items()):
+            if name.startswith("stoker.") and module is not None:
+                for attr, value in list(vars(module).items()):
+                    if isinstance(value, Lazy) and value._real is not None:
+                        setattr(module, attr, value._real)
+        _pending.clear()
+        _made.set()
+
+
+def _hold_across_forks() -> None:
+    """A process forked while another thread makes the kernels would inherit ``_lock`` held
+    by a thread it does not have; forks wait for the making to finish instead (registered
+    once, at the first making: nothing is registered at import)."""
+    with _hooked_lock:
+        if _hooked or not hasattr(os, "register_at_fork"):
+            return
+        os.register_at_fork(before=_lock.acquire, after_in_parent=_lock.release,
+                            after_in_child=_lock.release)
+        _hooked.append(True)
+
+
+_hooked: list[bool] = []
+_hooked_lock = threading.Lock()
+
+
+def _define(fn: Callable[..., Any], kind: str) -> Any:
+    with _lock:
+        if _made.is_set():
+            return _make(fn, kind)
+        lazy = Lazy(fn, kind)
+        _pending.append(lazy)
+        return lazy
+
+
+def kernel(fn: F) -> F:
+    """``fn`` compiled with ``@njit(cache=True, nogil=True)`` after securing a cache directory.
+
+    Every stoker kernel goes through here, so the cache fallback and the compile flags live in
+    one place. Kernels are compiled lazily, at their first call with a new signature; Numba is
+    imported at the first use of any kernel (see the module docstring).
+    """
+    return _define(fn, "kernel")  # type: ignore[no-any-return]
+
+
+def lazy_intrinsic(fn: F) -> F:
+    """``numba.extending.intrinsic(fn)``, made with the kernels at their first use."""
+    return _define(fn, "intrinsic")  # type: ignore[no-any-return]

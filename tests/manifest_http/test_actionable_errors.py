@@ -113,6 +113,6 @@ def test_waiting_for_cache_room_is_said_before_giving_up(tmp_path: Path, caplog)
     assert done.is_set()  # the pin went through once the room was freed: no deadlock
     (line,) = [r.getMessage() for r in caplog.records if "waiting for" in r.getMessage()]
     assert f"shard 1 is waiting for" in line and f"cache limit {limit} bytes" in line
-    assert "raise cache_limit" in line
+    assert "raise the cache limit" in line
     holder.close()
     waiter.close()

@@ -11,11 +11,13 @@ from PIL import Image
 
 from shard_writer import write_dataset
 
+from stoker.loader.options import ReadOptions
+
 __all__ = ["W1_KW", "image_dataset", "image_kw", "w1_dataset"]
 
 FEATURES = [f"f{j}" for j in range(64)]
 CATS = [f"c{j}" for j in range(8)]
-W1_KW = {"features": FEATURES, "categoricals": CATS, "columns": ["emb", "label"]}
+W1_KW = {"read": ReadOptions(features=FEATURES, categoricals=CATS), "columns": ["emb", "label"]}
 
 
 def _w1_table(lo: int, n: int) -> pa.Table:
@@ -57,4 +59,5 @@ def image_dataset(root: Path, shards: tuple[int, ...] = (30, 26, 24)) -> Path:
 def image_kw() -> dict:
     from stoker.loader.fastpath.images import ImageOptions
 
-    return {"image": ImageOptions("jpg", size=(16, 16), crop=(0.3, 1.0), flip=True)}
+    return {"read": ReadOptions(image=ImageOptions("jpg", size=(16, 16), crop=(0.3, 1.0),
+                                                   flip=True))}

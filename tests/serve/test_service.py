@@ -1,4 +1,5 @@
-"""DataLoader(..., service=[...]) against real ``stoker serve`` processes on loopback.
+"""``DataLoader(..., workers=WorkerOptions(service=[...]))`` against real ``stoker serve``
+processes on loopback.
 
 Every comparison is bitwise (tests/support/batch_equality) against the local loader with the
 same arguments; datasets are W1-shaped rows and JPEG images, shuffle on, two epochs.
