@@ -124,7 +124,12 @@ def batch_digests(batch: Any, columns: Sequence[str]) -> list[int]:
 
 def content_header(source: Any) -> dict[str, Any]:
     """What the ledger header records so an audit can rebuild a step's batch: the digested
-    columns and, for a stoker dataset, the read options that shape the batch."""
+    columns and, for a stoker dataset or a mixture of them, the read options that shape the
+    batch (a mixture's readers share the loader's; its batches add ``"source"``)."""
+    if getattr(source, "kind", None) == "mixture":  # stoker.loader.read.mixture
+        content = content_header(source.readers[0])
+        content["columns"].append("source")
+        return content
     if getattr(source, "kind", None) != "stoker":
         return {"algorithm": CONTENT_ALGORITHM, "columns": ["batch"], "read": None}
     grouped = set(source.features) | set(source.categoricals)

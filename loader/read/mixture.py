@@ -84,13 +84,16 @@ class MixtureSource:
             ``None``; closed with the source); the DataLoader passes the read options it gives
             a single dataset.
         ring_depth, pin: the merged batches' buffers (as a reader's, see stoker.loader.fastpath.ring).
+        union: read every source through one reader when they allow it (``False``: one
+            reader per source, as the audit's reference rebuild does, so it does not share
+            :mod:`stoker.loader.read.mixture_union` with what it checks).
     """
 
     kind = "mixture"
 
     def __init__(self, mixture: Mixture,
                  make_reader: Callable[[Manifest], tuple[ArrowSource, Any]], *,
-                 ring_depth: int = 8, pin: bool = False) -> None:
+                 ring_depth: int = 8, pin: bool = False, union: bool = True) -> None:
         self.mixture = mixture
         self._ring = BufferRing(ring_depth, pin)
         self.fingerprint = mixture.fingerprint
@@ -98,11 +101,11 @@ class MixtureSource:
         self._caches: list[Any] = []
         # one reader over every shard when the sources allow (stoker.loader.read.mixture_union);
         # a single source is read through its own manifest, exactly as on its own
-        union = mixture.manifests[0] if len(mixture.names) == 1 else \
-            union_manifest(mixture.manifests)
-        self.union = union is not None
+        shared = mixture.manifests[0] if len(mixture.names) == 1 else \
+            union_manifest(mixture.manifests) if union else None
+        self.union = shared is not None
         try:
-            for name, manifest in ([("all", union)] if union is not None else
+            for name, manifest in ([("all", shared)] if shared is not None else
                                    zip(mixture.names, mixture.manifests)):
                 try:
                     reader, cache = make_reader(manifest)

@@ -73,6 +73,9 @@ def test_audit_of_a_resumed_multi_worker_mixture_run_passes(sources, tmp_path: P
     assert status["replay"] == "pass" and status["sources"] == "pass", report.to_json()
     assert status["proportions"] == "pass" and status["resumes"] == "pass"
     assert status["integrity"] == "pass" and report.reproducible
+    content = report.check("content")  # the merged batches rebuilt across the resume
+    assert content.status == "pass" and content.details["steps_checked"] == \
+        content.details["steps_recorded"] > 0, content.details
     rows = {r["source"]: r for r in report.check("proportions").details["sources"]}
     assert all(abs(r["deviation"]) < 2 for r in rows.values())
     assert "Realised proportions" in render_html(report)

@@ -5,7 +5,8 @@
 Checks: identity, stream (continuity, truncation), resumes, events, replay, content (the
 delivered bytes against the verified shards), coverage,
 comparison (with a second run), integrity (shards re-hashed), stall (info only). A run over a
-mixture replaces coverage with per-source coverage per pass and realised proportions.
+mixture replaces coverage with per-source coverage per pass and realised proportions, and
+rebuilds its merged batches from every source (stoker.tools.audit.mixture_content).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from stoker.tools.audit.compare import compare_check
 from stoker.tools.audit.content import content_check
 from stoker.tools.audit.coverage import coverage_check
 from stoker.tools.audit.integrity import integrity_check
-from stoker.tools.audit.mixture import (CONTENT_SKIPPED, integrity_of_sources, open_mixture,
+from stoker.tools.audit.mixture import (MixtureView, integrity_of_sources, open_mixture,
                                         source_checks)
+from stoker.tools.audit.mixture_content import mixture_content_check
 from stoker.tools.audit.replay import open_dataset, replay_check
 from stoker.tools.audit.report import AuditReport, Check
 from stoker.tools.audit.run import load_run
@@ -39,15 +41,15 @@ def audit(run: str | os.PathLike[str], run2: str | os.PathLike[str] | None = Non
         sample: share of the steps whose delivered content is rebuilt and compared.
     """
     first = load_run(run)
-    mixture = first.header.get("kind") == "mixture"  # stoker.tools.audit.mixture
-    view = open_mixture(first.header, dataset) if mixture else open_dataset(first.header, dataset)
+    view = open_mixture(first.header, dataset) if first.header.get("kind") == "mixture" \
+        else open_dataset(first.header, dataset)  # a mixture: stoker.tools.audit.mixture
     checks: list[Check] = [identity_check(first), stream_check(first), resume_check(first),
                            events_check(first)]
     replay, match = replay_check(first, view)
     series: dict = {}
-    if mixture:
+    if isinstance(view, MixtureView):
         sources, proportions, series["mixture"] = source_checks(first, view, match)
-        checks += [replay, Check("content", "skip", CONTENT_SKIPPED), sources, proportions]
+        checks += [replay, mixture_content_check(first, view, sample), sources, proportions]
     else:
         checks += [replay, content_check(first, view, sample), coverage_check(first, match)]
     if run2 is not None:
@@ -58,7 +60,8 @@ def audit(run: str | os.PathLike[str], run2: str | os.PathLike[str] | None = Non
         if replayer is not None and same_data:
             match2 = replay_check(second, view)[1]
         checks.append(compare_check(first, second, replayer, match, match2))
-    checks.append(integrity_of_sources(view, verify) if mixture else integrity_check(view, verify))
+    checks.append(integrity_of_sources(view, verify) if isinstance(view, MixtureView)
+                  else integrity_check(view, verify))
     stall, series["stall"] = stall_check(first)
     checks.append(stall)
     runs = [os.fspath(run)] + ([os.fspath(run2)] if run2 is not None else [])

@@ -10,13 +10,18 @@ digests. The first wrong step is named with its rank and column.
 
 ``sample`` (``stoker audit --sample 0.01``) checks a deterministic share of the steps (chosen
 by a hash of epoch, step and rank, so two audits check the same steps) for very long runs.
+
+:func:`rebuild_check` is the part shared with a mixture run's check
+(:mod:`stoker.tools.audit.mixture_content`): it walks the ledger's steps, rebuilds each with the
+reader it is given and compares digests; what differs is the replayer and the reader.
 """
 
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
+import numpy as np
 import xxhash
 
 from stoker.loader.ledger.digest import CONTENT_ALGORITHM, batch_digests
@@ -27,7 +32,8 @@ from stoker.tools.audit.replay import DatasetView, Replayer
 from stoker.tools.audit.report import Check
 from stoker.tools.audit.run import Run
 
-__all__ = ["content_check", "sampled"]
+__all__ = ["VerifiedShards", "check_fraction", "content_check", "digests_recorded",
+           "rebuild_check", "reference_reader", "sampled"]
 
 
 def sampled(epoch: int, step: int, rank: int, fraction: float) -> bool:
@@ -38,7 +44,7 @@ def sampled(epoch: int, step: int, rank: int, fraction: float) -> bool:
     return h < fraction * 2.0 ** 64
 
 
-class _VerifiedShards:
+class VerifiedShards:
     """Opens local shards for the rebuild, each re-hashed against the manifest first."""
 
     def __init__(self, manifest: Manifest) -> None:
@@ -61,8 +67,10 @@ class _VerifiedShards:
         return nullcontext(path)
 
 
-def _source(manifest: Manifest, read: dict[str, Any], opener: Callable[[int], Any]) -> Any:
-    """The plain reader a step's batch is rebuilt with (pyarrow path, no records)."""
+def reference_reader(manifest: Manifest, read: dict[str, Any],
+                     opener: Callable[[int], Any]) -> Any:
+    """The plain reader a step's batch is rebuilt with (pyarrow path, no records), given the
+    read options a ledger header records (:func:`stoker.loader.ledger.digest.content_header`)."""
     from stoker.loader.fastpath.images import ImageOptions
 
     image = read.get("image")
@@ -84,8 +92,19 @@ def _source(manifest: Manifest, read: dict[str, Any], opener: Callable[[int], An
     return ArrowSource(manifest, opener=opener, fast=False, row_major=False, **kw)
 
 
+def check_fraction(sample: float) -> None:
+    """Refuse a ``sample`` share outside (0, 1] (ValueError)."""
+    if not 0.0 < sample <= 1.0:
+        raise ValueError(f"sample must be in (0, 1], got {sample!r}")
+
+
+def digests_recorded(run: Run) -> bool:
+    """Whether any segment of ``run`` recorded content digests."""
+    return any(seg.content is not None for led in run.ledgers for seg in led.segments)
+
+
 def _skip_reason(run: Run, view: DatasetView) -> str | None:
-    if not any(seg.content is not None for led in run.ledgers for seg in led.segments):
+    if not digests_recorded(run):
         return ("the ledger holds no content digests (written without them, or by a stoker "
                 "older than the content check)")
     if run.header.get("kind") == "torch":
@@ -101,35 +120,54 @@ def _skip_reason(run: Run, view: DatasetView) -> str | None:
 
 def content_check(run: Run, view: DatasetView, sample: float = 1.0) -> Check:
     """Rebuild the sampled steps' batches from the verified shards and compare digests."""
-    if not 0.0 < sample <= 1.0:
-        raise ValueError(f"sample must be in (0, 1], got {sample!r}")
+    check_fraction(sample)
     skip = _skip_reason(run, view)
     if skip is not None:
         return Check("content", "fail" if view.changed else "skip", skip,
                      {"dataset": view.location})
     manifest = view.manifest
     assert manifest is not None and view.shard_rows is not None  # noqa: S101 - see _skip_reason
-    replayer = Replayer(view.shard_rows)
-    opener = _VerifiedShards(manifest)
+    opener = VerifiedShards(manifest)
+    return rebuild_check(run, view.location, sample, Replayer(view.shard_rows),
+                         lambda read: reference_reader(manifest, read, opener), [opener])
+
+
+def rebuild_check(run: Run, location: str | None, sample: float, replayer: Replayer,
+                  make_source: Callable[[dict[str, Any]], Any],
+                  openers: Sequence[VerifiedShards],
+                  describe: Callable[[np.ndarray], dict[str, Any]] | None = None) -> Check:
+    """The ``content`` check: every sampled step of ``run`` rebuilt and its digests compared.
+
+    Args:
+        run: the run.
+        location: the dataset (or mixture) the check names.
+        sample: share of the steps rebuilt (see :func:`sampled`).
+        replayer: a step's expected ids.
+        make_source: a reader for a segment's recorded read options (``fetch(ids, epoch,
+            seed)``, ``close()``); one per distinct options, closed at the end.
+        openers: the shard openers the readers verify through (read when the check ends:
+            ``shards_verified``).
+        describe: extra facts of a mismatched step from its ids (a mixture: its sources).
+    """
     sources: dict[str, Any] = {}
     recorded = checked = 0
     bad: list[dict[str, Any]] = []
     unbuildable: list[dict[str, Any]] = []
     try:
-        for fi, led in enumerate(run.ledgers):
+        for led in run.ledgers:
             for si, seg in enumerate(led.segments):
                 if seg.content is None or not len(seg.steps):
                     continue
                 head = seg.header
                 columns = content_columns(head)
-                if head["content"].get("algorithm") != CONTENT_ALGORITHM:
-                    unbuildable.append({"file": led.path, "segment": si, "error":
-                                        f"digest algorithm {head['content'].get('algorithm')!r}"
-                                        f" is not {CONTENT_ALGORITHM!r}"})
+                problem = _unbuildable_segment(head)
+                if problem is not None:
+                    recorded += len(seg.steps)
+                    unbuildable.append({"file": led.path, "segment": si, "error": problem})
                     continue
-                key = repr(head["content"].get("read"))
+                key = repr(head["content"]["read"])
                 if key not in sources:
-                    sources[key] = _source(manifest, head["content"]["read"], opener)
+                    sources[key] = make_source(head["content"]["read"])
                 source = sources[key]
                 for i, rec in enumerate(seg.steps):
                     recorded += 1
@@ -150,17 +188,20 @@ def content_check(run: Run, view: DatasetView, sample: float = 1.0) -> Check:
                         bad.append({**where, "columns": wrong, "column": wrong[0],
                                     "expected_digest": f"{got[j]:016x}",
                                     "delivered_digest": f"{int(seg.content[i][j]):016x}",
-                                    "ids": ids[:16].tolist()})
+                                    "ids": ids[:16].tolist(),
+                                    **(describe(ids) if describe is not None else {})})
     except ShardIntegrityError as exc:
-        return Check("content", "fail", str(exc), {"dataset": view.location})
+        return Check("content", "fail", str(exc), {"dataset": location})
     finally:
         for source in sources.values():
             source.close()
-    details = {"dataset": view.location, "steps_recorded": recorded, "steps_checked": checked,
+    details = {"dataset": location, "steps_recorded": recorded, "steps_checked": checked,
                "mismatched": len(bad), "sample": sample, "unbuildable": unbuildable[:20],
-               "shards_verified": len(opener.checked), "first_mismatch": bad[0] if bad else None,
-               "mismatches": bad[:50]}
+               "shards_verified": sum(len(o.checked) for o in openers),
+               "first_mismatch": bad[0] if bad else None, "mismatches": bad[:50]}
     share = "" if sample >= 1.0 else f" (sample {sample:g} of {recorded} recorded)"
+    if unbuildable:
+        share += f"; {len(unbuildable)} step(s) or segment(s) could not be rebuilt"
     if bad:
         b = bad[0]
         return Check("content", "fail",
@@ -169,3 +210,14 @@ def content_check(run: Run, view: DatasetView, sample: float = 1.0) -> Check:
                      f"{b['rank']} column {b['column']!r}{share}", details)
     return Check("content", "pass", f"all {checked} steps checked delivered the dataset's "
                  f"bytes{share}", details)
+
+
+def _unbuildable_segment(head: dict[str, Any]) -> str | None:
+    """Why a segment's steps cannot be rebuilt (``None``: they can)."""
+    algorithm = head["content"].get("algorithm")
+    if algorithm != CONTENT_ALGORITHM:
+        return f"digest algorithm {algorithm!r} is not {CONTENT_ALGORITHM!r}"
+    if not isinstance(head["content"].get("read"), dict):
+        return ("the segment records no read options to rebuild its batches with (a mixture "
+                "run recorded by a stoker older than the mixture content check)")
+    return None

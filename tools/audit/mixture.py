@@ -13,8 +13,8 @@ refuses one whose fingerprint differs. Then:
 * **proportions**: the realised share of each source over the run against the blend's exact
   target over the same positions, with a plot of the running shares.
 
-The content rebuild is skipped for mixtures (their content digests cover the merged batch
-without the read options the rebuild needs); integrity re-hashes every local source.
+The content check rebuilds every step's merged batch from the sources' verified shards
+(:mod:`stoker.tools.audit.mixture_content`); integrity re-hashes every local source.
 """
 
 from __future__ import annotations
@@ -35,12 +35,10 @@ from stoker.tools.audit.report import Check
 from stoker.tools.audit.run import Run, plan_of
 from stoker.tools.audit.svg import line_chart
 
-__all__ = ["CONTENT_SKIPPED", "MixtureReplayer", "MixtureView", "integrity_of_sources",
-           "open_mixture", "shares_chart", "source_checks"]
+__all__ = ["MixtureReplayer", "MixtureView", "integrity_of_sources", "open_mixture",
+           "shares_chart", "source_checks"]
 
 _SHOWN = 32
-CONTENT_SKIPPED = ("content digests of a mixture run cover the merged batch; rebuilding it from "
-                   "the sources is not implemented yet (the replay proves the ids)")
 _CHART_POINTS = 400
 
 
@@ -59,6 +57,9 @@ def open_mixture(header: dict[str, Any], override: str | None) -> MixtureView:
     """Rebuild the run's mixture from its header, or from ``override`` (a mixture.json)."""
     described = header.get("mixture") or {}
     location = override or header.get("dataset")
+    if header.get("mode", "order") != "order":  # as open_dataset: a sampler's order is its own
+        return MixtureView(location, None, None, "the run used its own sampler; its order is "
+                           "the sampler's and cannot be replayed from the ledger")
     try:
         if override is not None:
             mixture = Mixture.load(override)
