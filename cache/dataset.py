@@ -7,25 +7,22 @@ import os
 from typing import Any, Mapping
 
 from stoker.cache.store.shard_cache import ShardCache
-from stoker.manifest import Manifest, is_url
+from stoker.manifest import Manifest, is_url, locations
 
 __all__ = ["default_cache_dir", "open_dataset", "open_shard_cache"]
 
 
 def default_cache_dir() -> str:
-    """``$STOKER_CACHE_DIR``, else ``$XDG_CACHE_HOME/stoker``, else ``~/.cache/stoker``."""
-    explicit = os.environ.get("STOKER_CACHE_DIR")
-    if explicit:
-        return explicit
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "stoker")
+    """``$STOKER_CACHE_DIR``, else ``$XDG_CACHE_HOME/stoker``, else ``~/.cache/stoker``
+    (:func:`stoker.manifest.locations.cache_dir`, where every default location is resolved)."""
+    return locations.cache_dir()
 
 
 def open_shard_cache(manifest: Manifest, cache_dir: str | os.PathLike[str] | None = None,
                      **options: Any) -> ShardCache:
     """The :class:`ShardCache` of ``manifest`` in ``cache_dir`` (default
     :func:`default_cache_dir`); ``options`` are its keyword arguments (``limit``, ...)."""
-    return ShardCache(manifest, cache_dir if cache_dir is not None else default_cache_dir(),
+    return ShardCache(manifest, locations.cache_dir(cache_dir),
                       **options)
 
 

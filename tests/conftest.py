@@ -3,7 +3,7 @@ row-major record files go to a per-run temporary directory, batches never take t
 path by timing (``STOKER_COLD_START=wait``), and in CI a skip is a failure.
 
 Without the second, every DataLoader a test builds would keep its records under the user's
-``~/.cache/stoker/row-major`` (the default, see stoker.loader.fastpath.record_store); tests that check
+``<node cache>/row-major`` (the default, see stoker.manifest.locations); tests that check
 the store itself pass their own directory.
 
 ``STOKER_CI=1`` (set by ``.ci/run``): a test that would skip because a server, binary or

@@ -33,10 +33,11 @@ import numpy as np
 import xxhash
 
 from stoker.cache.lock import FileLock
+from stoker.manifest import locations
 
 __all__ = ["DEFAULT_LIMIT_BYTES", "ENV_DIR", "MIN_FREE_FRACTION", "RecordStore", "default_dir"]
 
-ENV_DIR = "STOKER_ROW_MAJOR_DIR"
+ENV_DIR = locations.ENV_RECORDS_DIR
 #: Bytes of record files a directory keeps by default (least recently used go first).
 DEFAULT_LIMIT_BYTES = 32 << 30
 #: A record file is not written if the filesystem would then have less than this share free.
@@ -51,14 +52,10 @@ _ORPHAN_AGE = 3600.0
 
 def default_dir(cache_dir: str | None = None) -> str | None:
     """Where records go: ``$STOKER_ROW_MAJOR_DIR`` (empty: nowhere, keep them in memory), else
-    ``<cache_dir>/row-major`` for a cached dataset, else ``~/.cache/stoker/row-major``."""
-    env = os.environ.get(ENV_DIR)
-    if env is not None:
-        return env or None
-    if cache_dir:
-        return os.path.join(str(cache_dir), "row-major")
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "stoker", "row-major")
+    ``<cache_dir>/row-major``, where ``cache_dir`` defaults to the node cache directory
+    (``$STOKER_CACHE_DIR``, else the platform cache); see
+    :func:`stoker.manifest.locations.records_dir`."""
+    return locations.records_dir(cache=cache_dir)
 
 
 class RecordStore:

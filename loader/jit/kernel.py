@@ -5,7 +5,8 @@
 raises ``RuntimeError: cannot cache function ...: no locator available`` at import time (see
 shared/FIELD-NOTES.md). Read-only site-packages on a cluster node with a read-only ``$HOME`` is
 a common case, so :func:`kernel` checks first and, when needed, points ``NUMBA_CACHE_DIR`` at a
-writable fallback (the user cache dir, else the system temp dir), with a warning when a value the
+writable fallback (``<node cache dir>/numba``, else the system temp dir; see
+:mod:`stoker.manifest.locations`), with a warning when a value the
 user set had to be replaced. If nothing at all is writable the kernels compile without caching.
 
 Numba itself is imported at the first *use* of a kernel, not when a module defining one is
@@ -27,6 +28,8 @@ import tempfile
 import threading
 import warnings
 from typing import Any, Callable, TypeVar
+
+from stoker.manifest import locations
 
 __all__ = ["KernelCacheWarning", "Lazy", "choose_cache_dir", "kernel", "lazy_intrinsic",
            "materialize"]
@@ -55,10 +58,7 @@ def _numba_user_cache_dir() -> str:
 
 
 def _fallback_dirs() -> list[str]:
-    user_cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    return [os.path.join(user_cache, "stoker", "numba"),
-            os.path.join(tempfile.gettempdir(), f"stoker-numba-{uid}")]
+    return locations.numba_cache_fallbacks()
 
 
 def choose_cache_dir(env_value: str | None, default_dirs: list[str],

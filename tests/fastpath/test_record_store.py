@@ -168,8 +168,23 @@ def test_default_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
     assert default_dir("/cache") is None
     monkeypatch.delenv("STOKER_ROW_MAJOR_DIR")
     assert default_dir("/cache") == os.path.join("/cache", "row-major")
+    monkeypatch.delenv("STOKER_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert default_dir(None) == str(tmp_path / "stoker" / "row-major")
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path / "node"))  # the node cache moves them
+    assert default_dir(None) == str(tmp_path / "node" / "row-major")
+
+
+def test_dataloader_keeps_records_in_the_node_cache_dir(dataset: Manifest, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local dataset read without a cache keeps its records under ``$STOKER_CACHE_DIR``."""
+    monkeypatch.delenv("STOKER_ROW_MAJOR_DIR")
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path / "node"))
+    loader = DataLoader(dataset, batch_size=16, read=ReadOptions(features=FEATS))
+    try:
+        assert loader._source._rm.store_dir == str(tmp_path / "node" / "row-major")
+    finally:
+        loader.close()
 
 
 def test_dataloader_passes_the_directory(dataset: Manifest, tmp_path: Path) -> None:
