@@ -95,9 +95,9 @@ def run_case(name: str, data: Path) -> dict[str, Any]:
     spawned = float(os.environ["STOKER_BENCH_T0"])
     out: dict[str, Any] = {"first_batch_s": first, "from_exec_s": time.time() - spawned,
                            "imports_s": imported - spawned}
-    loader = getattr(it, "_loader", None)
-    if loader is not None and hasattr(loader, "stats"):
-        out["fallbacks"] = loader.stats.fallbacks
+    run = getattr(it, "_run", None)  # the pass's EpochRun (stoker.loader.epoch_iter)
+    if run is not None:
+        out["fallbacks"] = run.stats.fallbacks
     return out
 
 

@@ -107,7 +107,8 @@ def _stoker_w1(d: Path, workers: int, row_major: bool | str = "auto") -> Iterato
     return iter(DataLoader(d / "stoker", batch_size=W1_BATCH, shuffle=True, seed=0,
                            num_workers=workers,
                            columns=["seq", "label"],
-                           read=ReadOptions(features=FEATURES, categoricals=CATS, row_major=row_major)))
+                           read=ReadOptions(features=FEATURES, categoricals=CATS,
+                                            row_major=row_major)))
 
 
 def _stoker_w1_warm(d: Path, workers: int, row_major: bool | str = "auto") -> tuple[Iterator[Any], float]:
@@ -117,7 +118,8 @@ def _stoker_w1_warm(d: Path, workers: int, row_major: bool | str = "auto") -> tu
 
     loader = DataLoader(d / "stoker", batch_size=W1_BATCH, shuffle=True, seed=0,
                         num_workers=workers, columns=["seq", "label"],
-                        read=ReadOptions(features=FEATURES, categoricals=CATS, row_major=row_major))
+                        read=ReadOptions(features=FEATURES, categoricals=CATS,
+                                         row_major=row_major))
     for _ in loader:
         pass
     return iter(loader), time.perf_counter()
@@ -457,8 +459,8 @@ NOTES = """Reading the table:
 - *first batch*: of the ~0.4 s in a fresh process, ~0.2-0.25 s is Numba's one-time runtime
   start-up (type registries and imports, measured with cProfile) and loading the cached
   kernels, paid once per process; it starts in a background thread when
-  `stoker.loader.dataloader` is imported (`warmup.prime`), so a script that builds its model
-  after importing stoker finds it done (0.12-0.25 s measured that way), but iterating right
+  a DataLoader is constructed (`stoker.loader.fastpath.warm.prime`), so a script that builds
+  its model after constructing the loader finds it done (0.12-0.25 s measured that way), but iterating right
   after construction, as these rows do, still waits for it. The rest is opening the 4 shards
   (metadata of 296 record batches, mapping and verifying 0.73 GiB of records: ~0.1 s).
 - Mosaic Streaming and LitData: `bench/peers_bench.py` runs them in the same run as stoker and

@@ -163,12 +163,10 @@ def run(kind: str, dataset: str, warm: int, n: int, repeats: int) -> list[dict[s
     kw = loader_kw(kind)
     cases: dict[str, Callable[[], Iterator[Any]]] = {
         "local": lambda: forever(lambda: DataLoader(dataset, **kw)),
-        "service 1": lambda: forever(lambda: DataLoader(dataset,
-                                                        workers=WorkerOptions(service=Service(urls[:1], window=WINDOW)),
-                                                        **kw)),
-        "service 2": lambda: forever(lambda: DataLoader(dataset,
-                                                        workers=WorkerOptions(service=Service(urls, window=WINDOW)),
-                                                        **kw)),
+        "service 1": lambda: forever(lambda: DataLoader(
+            dataset, workers=WorkerOptions(service=Service(urls[:1], window=WINDOW)), **kw)),
+        "service 2": lambda: forever(lambda: DataLoader(
+            dataset, workers=WorkerOptions(service=Service(urls, window=WINDOW)), **kw)),
         "flight ceiling": lambda: ceiling_batches(ceiling[1]),
     }
     rows = []

@@ -28,8 +28,8 @@ from stoker.loader.distributed import resolve_world
 from stoker.loader.epoch_iter import (BatchTask, CacheEvents, EpochIterator, EpochPass, EpochRun,
                                      cache_clock)
 from stoker.loader.fallbacks import FallbackAccount
+from stoker.loader.fastpath import warm
 from stoker.loader.iterable import IterableEpoch, IterableTask
-from stoker.loader.jit import warmup
 from stoker.loader.ledger.digest import content_header
 from stoker.loader.loader_state import Resumable
 from stoker.loader.loader_world import WorldPlan
@@ -116,7 +116,7 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
     ) -> None:
         check_worker_args(num_workers, timeout, prefetch_factor, persistent_workers)
         opts = resolve_options(shuffle, read, cache, ledger, workers, deprecated)
-        warmup.prime()  # Numba's start-up runs while the caller builds its model (not at import)
+        warm.prime()  # Numba's start-up runs while the caller builds its model (not at import)
         self.num_workers = num_workers
         self.multiprocessing_context = multiprocessing_context  # torch's property validates
         check_sampling_args(isinstance(dataset, IterableDataset), batch_size, shuffle, sampler,

@@ -16,7 +16,6 @@ from typing import Any, Callable, Sequence
 from torch.utils.data import IterableDataset
 from torch.utils.data._utils.collate import default_collate, default_convert
 
-from stoker.loader.fastpath.record_store import default_dir
 from stoker.loader.iterable import IterableSource
 from stoker.loader.options import LoaderOptions
 from stoker.loader.order.epoch import OrderOptions
@@ -26,6 +25,7 @@ from stoker.loader.read.mixture import MixtureSource, check_columns, is_mixture
 from stoker.loader.read.order_plan import OrderPlan, plan_order, record_stride
 from stoker.loader.read.torch_dataset import TorchSource
 from stoker.manifest import Manifest, ManifestError, redact_url
+from stoker.manifest.locations import records_dir
 
 __all__ = ["Opened", "SourceSetup", "check_local_shards", "is_remote", "is_stoker_dataset",
            "open_source"]
@@ -169,7 +169,7 @@ def _reader(manifest: Manifest, setup: SourceSetup,
     source = make(manifest, **extra, columns=setup.columns, features=read.features,
                   opener=opener, max_open=max_open, categoricals=read.categoricals,
                   image=read.image, pin=setup.pin, row_major=read.row_major,
-                  row_major_dir=None if where is False else where or default_dir(cache_opts.dir),
+                  row_major_dir=None if where is False else records_dir(where, cache_opts.dir),
                   ring_depth=setup.ring_depth)
     return source, cache
 

@@ -218,8 +218,9 @@ class Budget:
         if pinned + need > limit:
             raise CacheLimitError(
                 f"cache limit {limit} bytes is too small: this process pins {count} shards "
-                f"({pinned} bytes) and shard {i} needs {need} more. Raise the cache limit (CacheOptions(limit=...), --cache-limit) to at "
-                f"least {pinned + need} bytes, or pin fewer shards at once.")
+                f"({pinned} bytes) and shard {i} needs {need} more. Raise the cache limit "
+                f"(CacheOptions(limit=...), --cache-limit) to at least {pinned + need} bytes, "
+                "or pin fewer shards at once.")
         if time.monotonic() > deadline:
             raise CacheLimitError(
                 f"shard {i}: waited {ROOM_WAIT_S:.0f}s for {need} bytes under cache limit "

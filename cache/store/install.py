@@ -171,7 +171,8 @@ class Installer:
             raise CacheLimitError(
                 f"shard {i} ({self._manifest.shards[i].path!r}) takes {size} bytes once "
                 f"materialised (uncompressed), more than the cache limit {self._limit} bytes. "
-                f"Raise the cache limit (CacheOptions(limit=...), --cache-limit) to at least {size} bytes.")
+                f"Raise the cache limit (CacheOptions(limit=...), --cache-limit) to at least "
+                f"{size} bytes.")
 
         def install() -> None:
             target = self._layout.data(i)

@@ -39,8 +39,9 @@ def check_limits(manifest: Manifest, limit: int | None, inflight_allowance: int 
         raise CacheLimitError(
             f"cache limit {_human(limit)} ({limit} bytes) cannot hold shard {big} "
             f"({manifest.shards[big].path!r}, {largest} bytes), so no progress is "
-            f"possible. Raise the cache limit (CacheOptions(limit=...), --cache-limit) to at least {largest} bytes; several times that "
-            "leaves room for prefetching and for the shards the loader pins at once.")
+            f"possible. Raise the cache limit (CacheOptions(limit=...), --cache-limit) to at "
+            f"least {largest} bytes; several times that leaves room for prefetching and for "
+            "the shards the loader pins at once.")
     if limit is not None and max_pinned > 1:
         k = min(max_pinned + 1, int(sizes.size))
         need = int(np.sort(sizes)[-k:].sum())
@@ -48,8 +49,9 @@ def check_limits(manifest: Manifest, limit: int | None, inflight_allowance: int 
             raise CacheLimitError(
                 f"cache limit {_human(limit)} ({limit} bytes) cannot hold the "
                 f"{max_pinned} shards the reader keeps open at once plus the one it admits "
-                f"next ({need} bytes for the largest {k}). Raise the cache limit (CacheOptions(limit=...), --cache-limit) to at least "
-                f"{need} bytes, or keep fewer shards open.")
+                f"next ({need} bytes for the largest {k}). Raise the cache limit "
+                f"(CacheOptions(limit=...), --cache-limit) to at least {need} bytes, or keep "
+                "fewer shards open.")
     if inflight_allowance is None:
         return 2 * largest * (_ZSTD_FOOTPRINT if zstd else 1)
     allowance = parse_size(inflight_allowance, "inflight_allowance")

@@ -18,7 +18,7 @@ import numpy as np
 
 from stoker.loader.jit import warmup
 from stoker.loader.jit.intrinsics import pointer, prefetch
-from stoker.loader.jit.kernel import kernel
+from stoker.loader.jit.kernel import compiled, kernel
 from stoker.loader.fastpath.rowmajor import Field, RecordLayout
 from stoker.loader.jit.search import last_at_or_below
 
@@ -180,7 +180,7 @@ class RecordTable:
                 return {}, np.arange(n, dtype=np.int64), np.empty(0, dtype=np.int64)
             arrays = {f.name: slot.array(f.name, (n, f.width), f.dtype) for f in fields}
             outs = [arrays[f.name].view(np.uint8) for f in fields]
-            if not kernel and warmup.first_call("gather") and not _gather.signatures:
+            if not kernel and warmup.first_call("gather") and not compiled(_gather):
                 missing_, touched_ = self._gather_numpy(ids, starts, fields, outs)
                 return arrays, missing_, touched_
             missing = np.empty(n, dtype=np.int64)

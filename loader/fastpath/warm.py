@@ -38,6 +38,7 @@ from stoker.loader.fastpath.plan import FastPlan, ShardData
 from stoker.loader.fastpath.record_table import RecordTable
 from stoker.loader.fastpath.ring import BufferRing
 from stoker.loader.jit import warmup
+from stoker.loader.jit.kernel import made
 from stoker.loader.order.epoch import EpochOrder
 from stoker.loader.order.feistel import order_range
 from stoker.loader.order.options import OrderOptions
@@ -78,7 +79,7 @@ def ready(key: tuple[str, ...], plan: FastPlan, schema: pa.Schema, row_major: bo
     ``STOKER_COLD_START=wait`` (batches compile what they need themselves)."""
     if warmup.finished(key):
         return True
-    if os.environ.get("STOKER_COLD_START", "fallback") == "wait" or _warm_node():
+    if os.environ.get("STOKER_COLD_START", "fallback") == "wait" or _warm_node(ask=False):
         return True  # loading cached kernels (~0.3 s) beats the twins racing it for the GIL
     if not warmup.started(key):  # a forked or unpickled worker: its own warm-up
         start(plan, schema, row_major)
@@ -113,8 +114,14 @@ def _hold() -> None:
         _served.wait(_HOLD_S)
 
 
-def _warm_node() -> bool:
+def _warm_node(ask: bool = True) -> bool:
+    """Whether this node compiled stoker's kernels before (:func:`_compiled_before`). Asking
+    makes the kernels (imports Numba, ~0.3 s), so a batch's thread asks with ``ask=False``:
+    not known yet counts as no (the batch uses the NumPy twins) while a warm-up thread finds
+    out."""
     if not _warm:
+        if not ask and not made():
+            return False
         _warm.append(_compiled_before())
     return _warm[0]
 

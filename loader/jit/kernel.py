@@ -31,8 +31,8 @@ from typing import Any, Callable, TypeVar
 
 from stoker.manifest import locations
 
-__all__ = ["KernelCacheWarning", "Lazy", "choose_cache_dir", "kernel", "lazy_intrinsic",
-           "materialize"]
+__all__ = ["KernelCacheWarning", "Lazy", "choose_cache_dir", "compiled", "kernel",
+           "lazy_intrinsic", "made", "materialize"]
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -141,6 +141,18 @@ class Lazy:
     def __repr__(self) -> str:
         state = "made" if self._real is not None else "not made yet"
         return f"<stoker {self._kind} {self.__module__}.{self.__qualname__} ({state})>"
+
+
+def made() -> bool:
+    """Whether the kernels have been made (Numba imported) in this process."""
+    return _made.is_set()
+
+
+def compiled(fn: Any) -> bool:
+    """Whether kernel ``fn`` has a compiled specialisation in this process, without making it:
+    a stand-in not made yet has none (asking must not import Numba on the caller's thread)."""
+    real = fn._real if isinstance(fn, Lazy) else fn
+    return real is not None and bool(real.signatures)
 
 
 def _named(module: str, qualname: str) -> Any:

@@ -10,7 +10,8 @@ runs those threads (:func:`spawn`) and answers whether they are still working (:
 bottom layer and imports nothing above it.
 
 Nothing happens at import: the at-fork and exit hooks below are installed with the first
-warm-up thread (the first :func:`spawn`, e.g. the first DataLoader's :func:`prime`).
+warm-up thread (the first :func:`spawn`, e.g. the first DataLoader's
+:func:`stoker.loader.fastpath.warm.prime`).
 
 Fork safety: a child forked while a thread holds Numba's compiler lock would deadlock on its
 first kernel call, so an at-fork hook holds that lock across ``fork`` (waiting for the kernel
@@ -28,12 +29,7 @@ import sys
 import threading
 from typing import Any, Callable
 
-import numpy as np
-
-from stoker.loader.fallbacks import note
-
-__all__ = ["compile_errors", "finished", "first_call", "prime", "spawn", "started", "wait",
-           "warming"]
+__all__ = ["compile_errors", "finished", "first_call", "spawn", "started", "wait", "warming"]
 
 _lock = threading.Lock()
 _threads: list[threading.Thread] = []
@@ -110,26 +106,6 @@ def compile_errors() -> tuple[type[BaseException], ...]:
     from numba.core.errors import NumbaError
 
     return (NumbaError, ImportError, OSError, MemoryError, RuntimeError, ValueError, TypeError)
-
-
-def prime() -> None:
-    """Start Numba's one-time runtime initialisation (type registries, the CPU target, the
-    cache index: ~0.2 s, the bulk of a fresh process's first batch) in a warm-up thread,
-    once per process, by loading the search kernel every other kernel calls.
-
-    Transitional home: :func:`stoker.loader.fastpath.warm.prime` does this *and* loads the
-    order's kernels (which jit, the bottom layer, cannot import); callers should use that.
-    """
-    spawn(("numba",), _numba_runtime)
-
-
-def _numba_runtime() -> None:
-    from stoker.loader.jit.search import last_at_or_below
-
-    try:
-        last_at_or_below(np.zeros(2, dtype=np.int64), np.int64(0), np.int64(0), np.int64(2))
-    except compile_errors() as exc:  # only a head start: the first kernel call initialises
-        note("warmup_skipped", f"numba: {type(exc).__name__}: {exc}")  # Numba (or raises)
 
 
 def _finishing(key: tuple[str, ...], target: Callable[..., None], args: tuple[Any, ...]) -> None:

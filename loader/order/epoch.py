@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from stoker.loader.jit import warmup
+from stoker.loader.jit.kernel import compiled
 from stoker.loader.order import feistel as _k
 from stoker.loader.order.options import (ORDER_ALGORITHM, OrderError, OrderOptions, check_int,
                                          check_rows)
@@ -158,7 +159,7 @@ class EpochOrder:
             return np.arange(start, stop, step, dtype=np.int64)
         if stop <= start:
             return np.empty(0, dtype=np.int64)
-        if not _k.order_range.signatures and warmup.warming():  # a fresh process or node
+        if not compiled(_k.order_range) and warmup.warming():  # a fresh process or node
             return _k.order_at_np(np.arange(start, stop, step, dtype=np.int64),
                                   *self._kernel_args())
         return _k.order_range(np.int64(start), np.int64(stop), np.int64(step),

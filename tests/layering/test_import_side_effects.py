@@ -60,7 +60,6 @@ from stoker.loader.jit import warmup
 at_import = (atexit._ncallbacks() - exits, list(hooks))
 warm.prime()
 warm.prime()
-warmup.prime()
 warmup.wait()
 print(json.dumps({"at_import": at_import, "exit_hooks": atexit._ncallbacks() - exits,
                   "stoker_hooks": [m for m in hooks if m.startswith("stoker")]}))
