@@ -1,7 +1,8 @@
 """Run the fault-injection suite (tests/faults) at the issue's full trial counts; write figures.
 
 Each case of issue 8 (and issue 14's cases 18-19) records (trials, failures, worst recovery
-time) through
+time, and for some cases further counts, e.g. how often the loader itself caught tampered
+derived records) through
 ``tests/faults/fault_helpers.Figures`` into the JSON-lines file named by
 ``STOKER_FAULT_FIGURES``; ``STOKER_FAULT_TRIALS_SCALE`` raises every case's CI trial count
 towards the issue's full count (``trials(ci, full)``). This script sets both, runs pytest on
@@ -46,19 +47,26 @@ def run_suite(scale: float, extra: list[str]) -> tuple[int, list[dict], float]:
 
 
 def table(rows: list[dict]) -> str:
-    """Trials (counted when each starts) and failures (trials that raised) per case."""
+    """Trials (counted when each starts) and failures (trials that raised) per case, and the
+    further counts some cases note (listed under the table)."""
     merged: dict[str, dict] = {}
     for r in rows:
         m = merged.setdefault(r["case"], {"trials": 0, "failures": 0, "worst": 0.0})
         m["trials"] += r["trials"]
         m["failures"] += r["failures"]
         m["worst"] = max(m["worst"], r["worst_recovery_s"])
+        notes_of = m.setdefault("notes", {})
+        for k, v in r.get("notes", {}).items():
+            notes_of[k] = notes_of.get(k, 0) + v
     key = lambda name: (int(name.split()[0]), name)  # noqa: E731 - case number first
     lines = ["| case | trials | failures | worst recovery (s) |", "|---|---:|---:|---:|"]
+    notes = []
     for name in sorted(merged, key=key):
         m = merged[name]
         lines.append(f"| {name} | {m['trials']} | {m['failures']} | {m['worst']:.3f} |")
-    return "\n".join(lines)
+        if m.get("notes"):
+            notes.append(f"- {name}: " + ", ".join(f"{k} {v}" for k, v in m["notes"].items()))
+    return "\n".join(lines + ([""] + notes if notes else []))
 
 
 def write_section(body: str) -> None:

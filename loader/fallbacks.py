@@ -28,6 +28,11 @@ REASONS = {
                      "its rows are read with pyarrow instead of the Numba kernels",
     "row_major_failed": "a shard's row-major records could not be built or mapped: its "
                         "batches use the column kernels",
+    "records_mismatch": "a shard's stored row-major records differed from the shard's own "
+                        "columns at a checked row (a stale, buggy or tampered file, its "
+                        "checksum rewritten with it): the file was deleted and the records "
+                        "rebuilt from the shard (a worker that does not build reads the "
+                        "shard's columns instead); no record of that file was served",
     "index_unstaged": "a list column of indexed Parquet has another width in some row group: "
                       "those batches are read with pyarrow instead of from staged records",
     "compiling": "the Numba kernels were still being compiled (a fresh node) or loaded (a "

@@ -11,14 +11,19 @@ A file is named after everything its bytes depend on (the shard's content hash a
 record layout, the fields left out, the format version), so a changed shard or layout can never
 be served stale records. Its last 16 bytes are the xxh3-128 of the rest, checked every time it
 is mapped (~10 ms per 250 MB): a torn write (crash, full disk) or a flipped bit is rebuilt,
-never served. The process that builds records in memory writes them afterwards, in the
-background, under a ``flock`` (one writer per file and node), to a temporary file published by
-an atomic rename. (Building straight into a file-backed mapping was measured 1.7-3x slower
-than anonymous memory here, bench/RESULTS.md.) The directory is bounded: when a new file would
-exceed ``limit`` bytes, the least recently mapped files are deleted (a process that maps a
-deleted file keeps reading it; the inode lives until it is unmapped), and no file is written
-that would leave the filesystem less than 10 % free (records often live beside the shard cache,
-``<cache_dir>/row-major``, and must never take the room its downloads need).
+never served. That checksum proves the file is the one written, not that what was written is
+right (a buggy build, or whoever rewrites bytes and checksum together, passes it), so the
+loader also compares a file it maps with the shard's own columns before serving it
+(:mod:`stoker.loader.fastpath.record_check`, called by
+:mod:`stoker.loader.fastpath.shard_records`). The process that builds records in memory writes
+them afterwards, in the background, under a ``flock`` (one writer per file and node), to a
+temporary file published by an atomic rename. (Building straight into a file-backed mapping
+was measured 1.7-3x slower than anonymous memory here, bench/RESULTS.md.) The directory is
+bounded: when a new file would exceed ``limit`` bytes, the least recently mapped files are
+deleted (a process that maps a deleted file keeps reading it; the inode lives until it is
+unmapped), and no file is written that would leave the filesystem less than 10 % free (records
+often live beside the shard cache, ``<cache_dir>/row-major``, and must never take the room its
+downloads need).
 """
 
 from __future__ import annotations
@@ -119,6 +124,13 @@ class RecordStore:
 
     def exists(self, name: str) -> bool:
         return os.path.exists(self._path(name))
+
+    def discard(self, name: str) -> None:
+        """Delete file ``name`` (records that differ from their shard: see
+        :mod:`stoker.loader.fastpath.record_check`); a process that maps it keeps its mapping.
+        Should another process publish correct records under ``name`` just before, they are
+        deleted too and rebuilt once more: a cost, never a wrong value."""
+        Path(self._path(name)).unlink(missing_ok=True)
 
     def save(self, name: str, records: np.ndarray) -> bool:
         """Write ``records`` (C-contiguous) as file ``name`` unless it exists, another process

@@ -8,6 +8,14 @@ background thread under ``"auto"``; batches use the column path meanwhile), and 
 built them saves them for every later process and then serves the saved file itself (page cache
 instead of private memory). An evicted shard gives its records and budget back.
 
+A stored file is never trusted on its own checksum (that can be rewritten with the bytes):
+every file this process maps and did not write itself is compared with the shard's columns at
+rows drawn at random first (:mod:`stoker.loader.fastpath.record_check`; ~14 ms per 256 MB W1
+shard, about what mapping and verifying the file costs, bench/records_check_bench.py). A file
+that differs is a counted ``"records_mismatch"`` fallback: it is deleted from the store and
+the records are rebuilt from the shard (and saved again); a forked worker that does not build
+under ``"auto"`` serves the shard from its columns.
+
 Every decision about a shard is taken under the source's lock, against the source's own view
 of which shards are open (``current``), so a shard closed while its records were being built
 never gets them.
@@ -24,9 +32,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import pyarrow as pa
 
-from stoker.loader.fastpath import rowmajor
-
-from stoker.loader.fastpath import warm
+from stoker.loader.fastpath import record_check, rowmajor, warm
 from stoker.loader.fallbacks import note
 from stoker.loader.fastpath.record_store import RecordStore
 from stoker.loader.fastpath.record_table import RecordTable
@@ -143,7 +149,8 @@ class ShardRecords:
             table.add(index, records, misfits)
         if built and self._store is not None and name is not None:
             # after add: the save then swaps the served records for the file's mapping
-            self._pools()[1].submit(self._save, self._store, name, index, data, records)
+            self._pools()[1].submit(self._save, self._store, name, index, data, records,
+                                    misfits)
 
     def _open_store(self) -> RecordStore | None:
         if self.store_dir is None:
@@ -157,9 +164,10 @@ class ShardRecords:
 
     def _records_of(self, index: int, data: ShardData, misfits: list[str],
                     name: str | None) -> tuple[np.ndarray | None, bool]:
-        """``(records, built in memory)``: mapped from the store's file ``name``, else built
-        (the caller saves them); ``None`` in a forked worker when the store has none (N
-        workers would build N private copies)."""
+        """``(records, built in memory)``: mapped from the store's file ``name`` when it
+        agrees with the shard at the checked rows (:meth:`_matches`), else built (the caller
+        saves them); ``None`` in a forked worker under ``"auto"`` when the store has no good
+        file (N workers would build N private copies)."""
         layout = self.table.layout  # type: ignore[union-attr]
         store = self._store
         if store is None or name is None:
@@ -167,20 +175,46 @@ class ShardRecords:
         rows = int(data.starts[-1])
         found = store.open(name, rows * layout.stride)
         if found is not None:
-            return found.reshape(rows, layout.stride), False
+            records = found.reshape(rows, layout.stride)
+            if self._matches(store, name, index, data, records, misfits):
+                return records, False
         if self.mode > 0 and os.getpid() != self.owner_pid:
             return None, False
         return rowmajor.build(layout, data, misfits), True
 
+    def _matches(self, store: RecordStore, name: str, index: int, data: ShardData,
+                 records: np.ndarray, misfits: list[str]) -> bool:
+        """Whether stored ``records`` agree with the shard's columns at the rows
+        :mod:`~stoker.loader.fastpath.record_check` draws. If not: a counted, logged
+        ``"records_mismatch"`` fallback, and the file is deleted from the store (the caller
+        rebuilds the records from the shard and saves them again)."""
+        layout = self.table.layout  # type: ignore[union-attr] - set before records are mapped
+        bad = record_check.first_mismatch(layout, data, records, misfits)
+        if bad is None:
+            return True
+        note("records_mismatch", f"shard {index}: stored records {name} in {store.root} differ "
+                                 f"from the shard at row {bad.row} (output {bad.field!r})")
+        store.discard(name)
+        return False
+
     def _save(self, store: RecordStore, name: str, index: int, data: ShardData,
-              records: np.ndarray) -> None:
+              records: np.ndarray, misfits: list[str]) -> None:
         """Save in-memory records, then serve the file's mapping instead: page cache is
-        shared and reclaimable, and gathers from it measured no slower. The saving thread
-        runs at a lower CPU priority (Linux): it must not slow the batches."""
+        shared and reclaimable, and gathers from it measured no slower. A file another
+        process wrote first is checked against the shard before it replaces this process's
+        own records (one that differs is deleted and these records are saved instead). The
+        saving thread runs at a lower CPU priority (Linux): it must not slow the batches."""
         _lower_priority()
+        mapped = None
         try:
-            store.save(name, records)
-            mapped = store.open(name, records.nbytes)
+            for _ in range(2):  # once more after a foreign file that differed was deleted
+                wrote = store.save(name, records)
+                found = store.open(name, records.nbytes)
+                mapped = None if found is None else found.reshape(records.shape)
+                if mapped is None or wrote or self._matches(store, name, index, data, mapped,
+                                                            misfits):
+                    break
+                mapped = None
         except OSError as exc:  # full disk, permissions: this process has them in memory
             logger.warning("row-major records of shard %d were not saved to %s: %s", index,
                            store.root, exc)

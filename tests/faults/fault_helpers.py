@@ -36,7 +36,8 @@ def trials(ci: int, full: int) -> int:
 class Figures:
     """Trials and failures of one case, counted separately; the worst recovery time.
 
-    ``start()`` opens a trial (counted at once), ``trial(recovery_s)`` closes it as passed.
+    ``start()`` opens a trial (counted at once), ``trial(recovery_s)`` closes it as passed;
+    ``notes`` holds further counts of the case (the report lists them under the table).
     A trial that raises in between is a failure: ``failures = trials - passes``. Every
     ``Figures`` is written when its test ends, passed or failed (the autouse fixture in
     conftest.py), so the report shows failed trials instead of losing the case.
@@ -46,6 +47,7 @@ class Figures:
 
     def __init__(self, case: str) -> None:
         self.case, self.trials, self.passes, self.worst = case, 0, 0, 0.0
+        self.notes: dict[str, int] = {}  # further counts a case reports (summed per case)
         self._open = False
         self._written = False
         Figures.made.append(self)
@@ -80,7 +82,8 @@ class Figures:
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps({"case": self.case, "trials": self.trials,
                                 "failures": self.failures,
-                                "worst_recovery_s": round(self.worst, 3)}) + "\n")
+                                "worst_recovery_s": round(self.worst, 3),
+                                **({"notes": self.notes} if self.notes else {})}) + "\n")
 
 
 def make_dataset(root: Path, shard_rows: Iterable[int], batch_rows: int = 16,
