@@ -8,6 +8,7 @@ the consumer and results come back by sequence number, as for threads.
 from __future__ import annotations
 
 import collections
+import importlib
 import logging
 import os
 import pickle
@@ -22,6 +23,7 @@ from multiprocessing.reduction import ForkingPickler
 import torch.multiprocessing as tmp
 
 from stoker.loader.errors import LoaderTimeoutError, WorkerError
+from stoker.loader.jit.kernel import materialize
 from stoker.loader.workers.failure import WorkerFailure
 from stoker.loader.workers.info import WorkerContext
 from stoker.loader.workers.pool import (INIT, Task, WorkerPool, WorkerSetup, batch_name,
@@ -61,6 +63,21 @@ def _process_main(fn: Task, tasks: Any, results: Any, context: WorkerContext,
         results.send((seq, run_task(fn, payload, where, local=False)))
 
 
+# Imported by stoker's background threads on first use (NumPy imports these lazily), with
+# Numba itself (the kernels are made at their first use, stoker.loader.jit.kernel).
+_LAZY_IMPORTS = ("numpy.ma", "numpy.random")
+
+
+def _settle_imports() -> None:
+    """Before a fork: a child forked while another thread of this process holds a module's
+    import lock waits on that lock forever (seen: ``np.unique`` importing ``numpy.ma`` in a
+    warm-up thread). Importing those modules here waits for an import in progress and leaves
+    none for the threads to start."""
+    for name in _LAZY_IMPORTS:
+        importlib.import_module(name)
+    materialize()
+
+
 class _Proc:
     """One worker process with its own task pipe and result pipe.
 
@@ -79,6 +96,8 @@ class _Proc:
                                    daemon=True, args=(fn, task_r, result_w,
                                                       setup.context(index, "process"),
                                                       setup.init))
+        if ctx.get_start_method() == "fork":
+            _settle_imports()
         self.process.start()
         task_r.close()
         result_w.close()
