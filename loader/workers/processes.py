@@ -26,6 +26,7 @@ from stoker.loader.errors import LoaderTimeoutError, WorkerError
 from stoker.loader.jit.kernel import materialize
 from stoker.loader.workers.failure import WorkerFailure
 from stoker.loader.workers.info import WorkerContext
+from stoker.loader.workers.transport import dumps
 from stoker.loader.workers.pool import (INIT, Task, WorkerPool, WorkerSetup, batch_name,
                                    drop_stale, first_ready, late, run_init, run_task)
 
@@ -60,7 +61,7 @@ def _process_main(fn: Task, tasks: Any, results: Any, context: WorkerContext,
         if item is None:
             return
         seq, payload = item
-        results.send((seq, run_task(fn, payload, where, local=False)))
+        results.send_bytes(dumps((seq, run_task(fn, payload, where, local=False))))
 
 
 # Imported by stoker's background threads on first use (NumPy imports these lazily), with

@@ -1,0 +1,63 @@
+"""A worker process's batch crosses the pipe as tensor bytes (stoker.loader.workers.transport):
+the consumer gets the same dtypes, shapes and bytes, and what cannot go as bytes keeps torch's
+own reduction."""
+
+from __future__ import annotations
+
+from multiprocessing.reduction import ForkingPickler
+
+import pytest
+import torch
+import torch.multiprocessing  # noqa: F401 - registers torch's reductions on ForkingPickler
+
+from stoker.loader.workers.transport import dumps
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """dtype, shape and every byte (NaN-aware: bytes, not values)."""
+    return a.dtype == b.dtype and a.shape == b.shape and \
+        a.reshape(-1).contiguous().view(torch.uint8).tolist() == \
+        b.reshape(-1).contiguous().view(torch.uint8).tolist()
+
+
+BATCH = {
+    "features": torch.tensor([[1.5, float("nan")], [float("-inf"), -0.0]], dtype=torch.float32),
+    "categoricals": torch.tensor([[3, -7], [2**40, 0]], dtype=torch.int64),
+    "flags": torch.tensor([True, False]),
+    "half": torch.tensor([0.25, 65504.0], dtype=torch.float16),
+    "scalar": torch.tensor(7, dtype=torch.int16),
+    "pairs": [torch.arange(6, dtype=torch.uint8).reshape(2, 3), (torch.zeros(0, 4),)],
+}
+
+
+def test_a_batch_round_trips_byte_for_byte() -> None:
+    back = ForkingPickler.loads(dumps(BATCH))
+    for key in ("features", "categoricals", "flags", "half", "scalar"):
+        assert _same(back[key], BATCH[key]), key
+    assert _same(back["pairs"][0], BATCH["pairs"][0])
+    assert _same(back["pairs"][1][0], BATCH["pairs"][1][0])
+    back["features"][0, 0] = 9.0  # a new, writable tensor: the original is untouched
+    assert BATCH["features"][0, 0] == 1.5
+
+
+def test_the_comparison_sees_one_changed_byte() -> None:
+    other = BATCH["features"].clone()
+    other[1, 1] = 0.0  # -0.0 -> +0.0: equal as values, not as bytes
+    assert not _same(other, BATCH["features"])
+
+
+def test_plain_tensors_travel_as_bytes_and_the_rest_as_torch_shares_them() -> None:
+    big = torch.ones(1 << 16, dtype=torch.float32)
+    assert len(dumps(big)) >= big.numel() * 4  # the bytes are in the message
+    for other in (torch.ones(1 << 16, dtype=torch.bfloat16),  # no NumPy dtype
+                  torch.ones(1 << 17)[::2],  # a strided view
+                  torch.ones(1 << 16, requires_grad=True)):
+        raw = dumps(other)
+        assert len(raw) < 4096  # torch's reduction: a handle to shared memory, not the data
+        assert torch.equal(ForkingPickler.loads(raw).detach(), other.detach())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int8, torch.int32, torch.complex64])
+def test_every_numpy_dtype_keeps_its_dtype(dtype: torch.dtype) -> None:
+    t = torch.arange(12).reshape(3, 4).to(dtype)
+    assert _same(ForkingPickler.loads(dumps(t)), t)
