@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing  # noqa: F401 - registers torch's reductions on ForkingPickler
 
-from stoker.loader.workers.transport import dumps
+from stoker.loader.workers.transport import BY_BYTES_MAX, dumps
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -51,7 +51,8 @@ def test_plain_tensors_travel_as_bytes_and_the_rest_as_torch_shares_them() -> No
     assert len(dumps(big)) >= big.numel() * 4  # the bytes are in the message
     for other in (torch.ones(1 << 16, dtype=torch.bfloat16),  # no NumPy dtype
                   torch.ones(1 << 17)[::2],  # a strided view
-                  torch.ones(1 << 16, requires_grad=True)):
+                  torch.ones(1 << 16, requires_grad=True),
+                  torch.ones(BY_BYTES_MAX // 4 + 1)):  # large: sharing beats two copies
         raw = dumps(other)
         assert len(raw) < 4096  # torch's reduction: a handle to shared memory, not the data
         assert torch.equal(ForkingPickler.loads(raw).detach(), other.detach())
