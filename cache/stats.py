@@ -19,6 +19,8 @@ class CacheStats:
         fetches: shard downloads this process completed (prefetches included).
         prefetches: of those, downloads started ahead of need by the prefetch threads.
         evictions: shards this process deleted to stay within the byte budget.
+        derived_evictions: record files (derived data in the node cache) this process deleted
+            to make room for a shard under the byte budget.
         retries: failed requests that were retried.
         restarts: downloads restarted from byte 0 (server ignored Range, object changed).
         quarantines: downloaded or cached files that failed verification and were set aside
@@ -34,6 +36,7 @@ class CacheStats:
     fetches: int = 0
     prefetches: int = 0
     evictions: int = 0
+    derived_evictions: int = 0
     retries: int = 0
     restarts: int = 0
     quarantines: int = 0

@@ -33,6 +33,11 @@ REASONS = {
                         "checksum rewritten with it): the file was deleted and the records "
                         "rebuilt from the shard (a worker that does not build reads the "
                         "shard's columns instead); no record of that file was served",
+    "records_not_saved": "a shard's row-major records did not fit under the node cache's byte "
+                         "limit beside its shards (shards stay; record files go first): they "
+                         "were not saved, so they stay in the memory of the process that "
+                         "built them, and other processes build them again or read the "
+                         "shard's columns",
     "index_unstaged": "a list column of indexed Parquet has another width in some row group: "
                       "those batches are read with pyarrow instead of from staged records",
     "compiling": "the Numba kernels were still being compiled (a fresh node) or loaded (a "

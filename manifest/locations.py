@@ -10,6 +10,7 @@ node shard cache           :func:`cache_dir`: ``$STOKER_CACHE_DIR``, else
                            ``<platform cache>/stoker``
 row-major record files     :func:`records_dir`: ``$STOKER_ROW_MAJOR_DIR`` (empty: none, the
                            records stay in memory), else ``<cache dir>/row-major``
+                           (:func:`cache_records_dir`, under the cache's byte limit)
 Numba's kernel cache       ``$NUMBA_CACHE_DIR`` or Numba's own places while writable, else
                            :func:`numba_cache_fallbacks`: ``<cache dir>/numba``, then a
                            per-user directory in the system temp dir
@@ -24,8 +25,8 @@ from __future__ import annotations
 import os
 import tempfile
 
-__all__ = ["ENV_CACHE_DIR", "ENV_RECORDS_DIR", "cache_dir", "numba_cache_fallbacks",
-           "platform_cache_root", "records_dir"]
+__all__ = ["ENV_CACHE_DIR", "ENV_RECORDS_DIR", "cache_dir", "cache_records_dir",
+           "numba_cache_fallbacks", "platform_cache_root", "records_dir"]
 
 ENV_CACHE_DIR = "STOKER_CACHE_DIR"
 """The node cache directory (shards, and the derived data beside them)."""
@@ -62,6 +63,13 @@ def records_dir(explicit: str | os.PathLike[str] | None = None,
     env = os.environ.get(ENV_RECORDS_DIR)
     if env is not None:
         return env or None
+    return cache_records_dir(cache)
+
+
+def cache_records_dir(cache: str | os.PathLike[str] | None = None) -> str:
+    """The node cache's own records directory, ``<cache>/row-major`` (``cache`` ``None`` or
+    empty: :func:`cache_dir`): record files there count against the cache's byte limit
+    (``stoker.cache.store.derived``); records kept anywhere else have their own bound."""
     return os.path.join(cache_dir(cache or None), _RECORDS)
 
 

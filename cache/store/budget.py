@@ -2,8 +2,11 @@
 
 Two pools, both decided under one ``flock`` (``budget.lock``) so processes never race:
 
-* committed files (``shards/`` + ``quarantine/``) stay within ``limit``: before a file is
-  renamed in, room is made by evicting (the eviction order comes from the caller's policy);
+* committed files (``shards/`` + ``quarantine/``) and the node cache's record files
+  (``<cache dir>/row-major``, derived data: :mod:`stoker.cache.store.derived`) stay within
+  ``limit``: before a shard is renamed in, room is made by deleting the least recently used
+  record files first (they can be rebuilt from shards), then shards in the caller's policy's
+  eviction order; a record file is saved only into room its save finds under the same lock;
 * files being written (``tmp/``) stay within the in-flight allowance: a temp file's name
   carries the bytes it reserves, so every process sees every other's reservations, and a
   crashed process's reservations vanish when start-up repair removes its temp files.
@@ -23,6 +26,7 @@ from typing import Callable, Iterator
 from stoker.cache.errors import CacheError, CacheLimitError
 from stoker.cache.lock import FileLock
 from stoker.cache.stats import _Counters
+from stoker.cache.store.derived import DerivedFiles
 from stoker.cache.store.layout import Layout
 
 __all__ = ["Budget", "CommittedFile"]
@@ -51,13 +55,16 @@ class Budget:
         closed: set when the owning cache closes; every wait gives up then.
         victims: ``(shard, files, prefetch) -> files`` in eviction order (the policy).
         own_pins: ``(shard) -> (count, bytes)`` pinned by this process, other than ``shard``.
+        derived: the node cache's record files, counted (and deleted first) under ``limit``.
     """
 
     def __init__(self, layout: Layout, limit: int | None, allowance: int, allowance_grows: bool,
                  counters: _Counters, closed: threading.Event,
                  victims: Callable[[int, list[CommittedFile], bool], list[CommittedFile]],
-                 own_pins: Callable[[int], tuple[int, int]]) -> None:
+                 own_pins: Callable[[int], tuple[int, int]],
+                 derived: DerivedFiles | None = None) -> None:
         self._layout = layout
+        self._derived = derived
         self.limit = limit
         self.allowance = allowance
         self._grows = allowance_grows
@@ -131,15 +138,7 @@ class Budget:
     # -- committed ------------------------------------------------------------------------------
     def committed(self) -> list[CommittedFile]:
         """Every committed file: quarantined copies and shards."""
-        out: list[CommittedFile] = []
-        for entry in os.scandir(self._layout.quarantine):
-            with contextlib.suppress(FileNotFoundError):
-                out.append((None, entry.stat().st_size, entry.path))
-        for entry in os.scandir(self._layout.shards):
-            idx = Layout.data_index(entry.name)
-            with contextlib.suppress(FileNotFoundError):
-                out.append((idx, entry.stat().st_size, entry.path))
-        return out
+        return Layout.committed_in(self._layout.root)
 
     def with_room(self, i: int, need: int, prefetch: bool,
                   action: Callable[[], None] | None = None) -> bool:
@@ -173,7 +172,8 @@ class Budget:
                 raise CacheError("this ShardCache was closed while waiting for room.")
 
     def _used(self) -> int:
-        return sum(size for _, size, _ in self.committed())
+        derived = 0 if self._derived is None else self._derived.used()
+        return derived + sum(size for _, size, _ in self.committed())
 
     def _make_room(self, i: int, need: int, prefetch: bool) -> bool:
         if self.limit is None:
@@ -184,6 +184,11 @@ class Budget:
             # Other shards in flight will be committed soon and most are needed sooner (they
             # were claimed earlier): count them, so a prefetch never takes their room.
             used += self.inflight(exclude=i)
+        if self._derived is not None:  # record files count, and go first: they are rebuilt
+            records, writing = self._derived.scan()
+            used += sum(size for _, size, _ in records + writing)
+            used, deleted = self._derived.evict(used, need, self.limit, records + writing)
+            self._counters.add("derived_evictions", deleted)
         if used + need <= self.limit:
             return True
         for idx, size, path in self._victims(i, files, prefetch):

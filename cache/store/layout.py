@@ -9,6 +9,8 @@ CACHE_DIR/<manifest fingerprint>/
   locks/00000042.lock     per-shard flock: shared = pinned, exclusive = being written/evicted
   quarantine/00000042.<n> copies that failed verification (first to go when room is needed)
   budget.lock             flock serialising byte-budget decisions across processes
+CACHE_DIR/row-major/      row-major record files of every dataset (derived data; counted under
+                          a dataset's limit: stoker.cache.store.derived)
 ```
 Names carry the manifest index, not the shard's path, so they are fixed-length and safe; the
 reserved byte count in a temp file's name is how processes see each other's in-flight bytes.
@@ -16,6 +18,7 @@ reserved byte count in a temp file's name is how processes see each other's in-f
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 
@@ -32,6 +35,8 @@ class Layout:
 
     __slots__ = ("budget_lock", "locks", "meta", "quarantine", "root", "shards", "tmp")
 
+    BUDGET_LOCK = "budget.lock"
+
     def __init__(self, cache_dir: str | os.PathLike[str], fingerprint: str) -> None:
         self.root = os.path.join(os.fspath(cache_dir), fingerprint)
         self.shards = os.path.join(self.root, "shards")
@@ -39,7 +44,7 @@ class Layout:
         self.tmp = os.path.join(self.root, "tmp")
         self.locks = os.path.join(self.root, "locks")
         self.quarantine = os.path.join(self.root, "quarantine")
-        self.budget_lock = os.path.join(self.root, "budget.lock")
+        self.budget_lock = os.path.join(self.root, self.BUDGET_LOCK)
         for d in (self.shards, self.meta, self.tmp, self.locks, self.quarantine):
             os.makedirs(d, exist_ok=True)
 
@@ -58,6 +63,19 @@ class Layout:
     def quarantined(self, index: int) -> str:
         n = sum(1 for name in os.listdir(self.quarantine) if name.startswith(f"{index:08d}."))
         return os.path.join(self.quarantine, f"{index:08d}.{n}")
+
+    @staticmethod
+    def committed_in(root: str) -> list[tuple[int | None, int, str]]:
+        """(shard index or None for a quarantined copy, size, path) of every committed file
+        of the dataset directory ``root``: quarantined copies and shards."""
+        out: list[tuple[int | None, int, str]] = []
+        for sub in ("quarantine", "shards"):
+            with contextlib.suppress(FileNotFoundError), os.scandir(os.path.join(root, sub)) as it:
+                for entry in it:
+                    idx = None if sub == "quarantine" else Layout.data_index(entry.name)
+                    with contextlib.suppress(FileNotFoundError):
+                        out.append((idx, entry.stat().st_size, entry.path))
+        return out
 
     @staticmethod
     def data_index(name: str) -> int | None:

@@ -11,6 +11,9 @@ through the file system:
   reserving in-flight bytes. Committed files (``shards/`` + ``quarantine/``) stay within
   ``limit``; files being written (``tmp/``) stay within ``inflight_allowance``; so disk use
   never exceeds ``limit + inflight_allowance``.
+* Derived data lives under the same limit: the record files of ``<cache_dir>/row-major``
+  count against it, and go first when a shard needs room (:mod:`stoker.cache.store.derived`);
+  :meth:`ShardCache.derived_budget` hands the loader's record store the budget to save into.
 * Eviction follows Belady (:mod:`stoker.cache.store.eviction`): the unpinned shard whose next
   use (in the future sequence given by :meth:`ShardCache.set_future`) is furthest away goes
   first.
@@ -44,6 +47,7 @@ from stoker.cache.fetch.retry import RetryPolicy
 from stoker.cache.lock import FileLock
 from stoker.cache.stats import CacheStats, _Counters
 from stoker.cache.store.budget import Budget, CommittedFile
+from stoker.cache.store.derived import DerivedBudget, DerivedFiles
 from stoker.cache.store.eviction import POLICIES, rank_victims
 from stoker.cache.store.future import FutureIndex
 from stoker.cache.store.install import Installer
@@ -53,7 +57,7 @@ from stoker.cache.store.prefetch import Prefetcher
 from stoker.cache.store.redact import Scrubber
 from stoker.cache.store.repair import repair
 from stoker.cache.store.trust import FileTrust
-from stoker.manifest import Manifest, parse_size
+from stoker.manifest import Manifest, locations, parse_size
 
 __all__ = ["ShardCache"]
 
@@ -130,8 +134,10 @@ class ShardCache:
         self._future: FutureIndex | None = None
         self._clock = itertools.count(1)
         self._last_used: dict[int, int] = {}
+        self._records = locations.cache_records_dir(self._cache_dir)
         self._budget = Budget(self._layout, self._limit, allowance, inflight_allowance is None,
-                              self._counters, self._closed, self._victims, self._own_pins)
+                              self._counters, self._closed, self._victims, self._own_pins,
+                              DerivedFiles(self._records))
         self._trust = FileTrust(self._layout, manifest, self._budget, self._counters)
         fetcher = fetcher_for(manifest.root, storage_options, self._policy)
         self._installer = Installer(manifest, self._layout, self._budget, fetcher, self._policy,
@@ -158,6 +164,14 @@ class ShardCache:
     def directory(self) -> str:
         """This dataset's directory inside ``cache_dir``."""
         return self._layout.root
+
+    def derived_budget(self, directory: str | os.PathLike[str]) -> DerivedBudget | None:
+        """The budget record files saved in ``directory`` must keep to: this cache's limit,
+        when ``directory`` is the node cache's records directory (``<cache_dir>/row-major``)
+        and there is a limit; else ``None`` (the record store's own bound applies)."""
+        if self._limit is None or not _same_dir(directory, self._records):
+            return None
+        return DerivedBudget(self._layout.root, self._records, self._limit)
 
     def path(self, index: int) -> str:
         """Local path of shard ``index``, downloading (and verifying) it first if needed.
@@ -360,6 +374,10 @@ class ShardCache:
         """Fetch shard ``i`` ahead of need (its lock held exclusive); False if it declined."""
         return self._trust.is_present(i) or self._installer.install(i, prefetch=True,
                                                               admitted=admitted)
+
+
+def _same_dir(a: str | os.PathLike[str], b: str) -> bool:
+    return os.path.realpath(os.path.abspath(a)) == os.path.realpath(os.path.abspath(b))
 
 
 def _reopen(manifest: Manifest, cache_dir: str, options: dict[str, Any]) -> ShardCache:

@@ -19,11 +19,19 @@ loader also compares a file it maps with the shard's own columns before serving 
 them afterwards, in the background, under a ``flock`` (one writer per file and node), to a
 temporary file published by an atomic rename. (Building straight into a file-backed mapping
 was measured 1.7-3x slower than anonymous memory here, bench/RESULTS.md.) The directory is
-bounded: when a new file would exceed ``limit`` bytes, the least recently mapped files are
-deleted (a process that maps a deleted file keeps reading it; the inode lives until it is
-unmapped), and no file is written that would leave the filesystem less than 10 % free (records
-often live beside the shard cache, ``<cache_dir>/row-major``, and must never take the room its
-downloads need).
+bounded, and no file is written that would leave the filesystem less than 10 % free:
+
+* in the node cache's records directory (``<cache_dir>/row-major``, the default) of a cache
+  with a byte limit, record files count against that one limit together with the shards
+  (:mod:`stoker.cache.store.derived`): a save first finds room under the cache's budget lock,
+  deleting the least recently mapped record files, never a shard; when the shards leave no
+  room the file is not written: a counted, logged-once ``"records_not_saved"`` fallback (the
+  records stay in the building process's memory). Admitting a shard deletes record files
+  first in turn.
+* otherwise (no cache limit, or records kept elsewhere) the directory keeps at most ``limit``
+  bytes (default 32 GiB): the least recently mapped files are deleted to make room.
+
+A process that maps a deleted file keeps reading it (the inode lives until it is unmapped).
 """
 
 from __future__ import annotations
@@ -31,13 +39,14 @@ from __future__ import annotations
 import mmap
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import xxhash
 
 from stoker.cache.lock import FileLock
+from stoker.cache.store.derived import RECORD_SUFFIX, DerivedBudget, DerivedFiles
+from stoker.loader.fallbacks import note
 from stoker.manifest import locations
 
 __all__ = ["DEFAULT_LIMIT_BYTES", "ENV_DIR", "MIN_FREE_FRACTION", "RecordStore", "default_dir"]
@@ -49,10 +58,8 @@ DEFAULT_LIMIT_BYTES = 32 << 30
 MIN_FREE_FRACTION = 0.1
 _FORMAT = "stoker-records/1"
 _TRAILER = 16  # xxh3-128 digest of the records
-_SUFFIX = ".rec"
+_SUFFIX = RECORD_SUFFIX
 _WRITE_CHUNK = 64 << 20
-_TEMP = ".writing-"
-_ORPHAN_AGE = 3600.0
 
 
 def default_dir(cache_dir: str | None = None) -> str | None:
@@ -64,19 +71,23 @@ def default_dir(cache_dir: str | None = None) -> str | None:
 
 
 class RecordStore:
-    """Record files in ``root`` (created on first use), at most ``limit`` bytes in all.
+    """Record files in ``root`` (created on first use), at most ``limit`` bytes in all, or,
+    with ``budget``, within the node cache's limit together with its shards.
 
     Raises:
         OSError: ``root`` cannot be created or written.
     """
 
     def __init__(self, root: str, limit: int = DEFAULT_LIMIT_BYTES,
-                 min_free: float = MIN_FREE_FRACTION) -> None:
+                 min_free: float = MIN_FREE_FRACTION,
+                 budget: DerivedBudget | None = None) -> None:
         os.makedirs(root, exist_ok=True)
         tempfile.TemporaryFile(dir=root).close()  # writable, or OSError now
         self.root = root
         self.limit = limit
         self.min_free = min_free
+        self.budget = budget
+        self._files = DerivedFiles(root)
 
     def _room_on_disk(self, nbytes: int) -> bool:
         """Whether writing ``nbytes`` leaves ``min_free`` of the filesystem free: records are
@@ -134,8 +145,9 @@ class RecordStore:
 
     def save(self, name: str, records: np.ndarray) -> bool:
         """Write ``records`` (C-contiguous) as file ``name`` unless it exists, another process
-        is writing it now, or the disk would keep less than ``min_free`` free; whether this
-        call wrote it.
+        is writing it now, the disk would keep less than ``min_free`` free, or (with a
+        ``budget``) the cache's limit has no room for it beside the shards (the counted
+        ``"records_not_saved"`` fallback); whether this call wrote it.
 
         Raises:
             OSError: no room on the disk, or the directory is not writable.
@@ -147,16 +159,23 @@ class RecordStore:
             if self.exists(name):
                 return False
             raw = memoryview(np.ascontiguousarray(records).reshape(-1))
-            self._make_room(raw.nbytes + _TRAILER, keep=name)
-            if not self._room_on_disk(raw.nbytes + _TRAILER):
+            nbytes = raw.nbytes + _TRAILER
+            tmp = self._reserve(name, nbytes)
+            if tmp is None:
                 return False
-            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=_TEMP, suffix=_SUFFIX)
             try:
-                with os.fdopen(fd, "wb") as f:
+                with open(tmp, "wb") as f:
                     for lo in range(0, raw.nbytes, _WRITE_CHUNK):
+                        if os.fstat(f.fileno()).st_nlink == 0:
+                            raise FileNotFoundError(tmp)  # deleted: a shard needed the room
                         f.write(raw[lo:lo + _WRITE_CHUNK])
                     f.write(xxhash.xxh3_128_digest(raw))
                 os.replace(tmp, self._path(name))
+            except FileNotFoundError:
+                Path(tmp).unlink(missing_ok=True)
+                note("records_not_saved", f"{name} ({nbytes} bytes) in {self.root}: deleted "
+                                          "while being written, to make room for a shard")
+                return False
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
@@ -164,28 +183,24 @@ class RecordStore:
         finally:
             lock.release()
 
-    def _make_room(self, nbytes: int, keep: str) -> None:
-        """Delete the least recently used record files until ``nbytes`` more fit the limit,
-        and temporary files a killed writer left behind (older than ``_ORPHAN_AGE`` s)."""
-        files = []
-        now = time.time()
-        with os.scandir(self.root) as it:
-            for entry in it:
-                if not entry.name.endswith(_SUFFIX) or entry.name == keep:
-                    continue
-                try:
-                    st = entry.stat()
-                except OSError:
-                    continue
-                if entry.name.startswith(_TEMP):
-                    if now - st.st_mtime > _ORPHAN_AGE:
-                        Path(entry.path).unlink(missing_ok=True)
-                    continue  # another process may be writing it now
-                files.append((st.st_mtime, st.st_size, entry.path))
-        total = sum(size for _, size, _ in files)
-        for _, size, path in sorted(files):
-            if total + nbytes <= self.limit:
-                break
-            Path(path).unlink(missing_ok=True)
-            Path(f"{path}.lock").unlink(missing_ok=True)  # only taken without waiting (save)
-            total -= size
+    def _reserve(self, name: str, nbytes: int) -> str | None:
+        """The temp file to write ``name`` into, created once there is room for ``nbytes``
+        (``<name>.lock`` held), or ``None``. Room: under the cache's budget when there is one
+        (its lock, its limit), else under ``limit``, deleting least recently used files and
+        the temp files killed writers left behind (:mod:`stoker.cache.store.derived`); and
+        ``min_free`` of the disk left free either way."""
+        if self.budget is not None:
+            if not self._room_on_disk(nbytes):
+                return None
+            tmp = self.budget.reserve(name, nbytes)
+            if tmp is None:
+                note("records_not_saved", f"{name} ({nbytes} bytes) in {self.root}: no room "
+                                          f"beside the shards under cache limit "
+                                          f"{self.budget.limit} bytes")
+            return tmp
+        records, writing = self._files.scan()
+        used = sum(size for _, size, _ in records + writing)
+        self._files.evict(used, nbytes, self.limit, records, keep=name)
+        if not self._room_on_disk(nbytes):
+            return None
+        return self._files.temp(name, nbytes)

@@ -38,6 +38,7 @@ from stoker.loader.fastpath.record_store import RecordStore
 from stoker.loader.fastpath.record_table import RecordTable
 
 if TYPE_CHECKING:
+    from stoker.cache.store.derived import DerivedBudget
     from stoker.loader.fastpath.plan import FastPlan, ShardData
     from stoker.manifest import Manifest
 
@@ -56,13 +57,17 @@ class ShardRecords:
         store_dir: the node's records directory, or ``None`` for memory only.
         lock: the source's lock; ``current(index, data)`` is called under it and says whether
             shard ``index`` is still open with ``data``.
+        store_budget: the node cache's budget when ``store_dir`` is under its limit
+            (:class:`stoker.cache.store.derived.DerivedBudget`), else ``None``.
     """
 
     def __init__(self, plan: FastPlan, manifest: Manifest, row_major: bool | str,
                  store_dir: str | None, lock: threading.Condition,
-                 current: Callable[[int, ShardData], bool]) -> None:
+                 current: Callable[[int, ShardData], bool],
+                 store_budget: DerivedBudget | None = None) -> None:
         self.mode = rowmajor.resolve_mode(row_major)  # bytes; 0: off, -1: unbounded
         self.store_dir = store_dir
+        self.store_budget = store_budget
         self.table: RecordTable | None = None  # set when the first shard opens
         self.owner_pid = os.getpid()
         self._plan, self._manifest = plan, manifest
@@ -156,7 +161,7 @@ class ShardRecords:
         if self.store_dir is None:
             return None
         try:
-            return RecordStore(self.store_dir)
+            return RecordStore(self.store_dir, budget=self.store_budget)
         except OSError as exc:
             logger.warning("row-major records stay in memory: %s is not usable (%s)",
                            self.store_dir, exc)

@@ -81,7 +81,9 @@ class ArrowSource:
         row_major_dir: keep the records in files there (:mod:`stoker.loader.fastpath.record_store`):
             built once per node, mapped by every later process (page cache, shared, not
             private memory); ``None``: in memory only. A directory that cannot be used is
-            logged once and memory is used instead.
+            logged once and memory is used instead. When it is the node cache's records
+            directory and the cache (``opener``) has a limit, record files count against that
+            limit (:mod:`stoker.cache.store.derived`).
     """
 
     kind = "stoker"
@@ -126,8 +128,11 @@ class ArrowSource:
         self._force_stage = row_major == "staged"
         if self._force_stage:
             row_major = "auto"
+        # a cache's opener says whether the records directory is under the cache's limit
+        budget = getattr(opener, "derived_budget", None)
         self._rm = ShardRecords(self._plan, manifest, row_major, row_major_dir, self._lock,
-                                lambda index, data: self._data.get(index) is data) \
+                                lambda index, data: self._data.get(index) is data,
+                                budget(row_major_dir) if budget and row_major_dir else None) \
             if self._plan is not None else None
         self._stager: Stager | None = None
         self._records_mode = self._rm.mode if self._rm is not None else 0  # bytes; -1: any

@@ -73,5 +73,10 @@ class _Opener:
                     self._pid = os.getpid()
         return self._cache.pin(index)
 
+    def derived_budget(self, directory: str) -> Any:
+        """The cache's budget for record files saved in ``directory``
+        (:meth:`stoker.cache.ShardCache.derived_budget`): a picklable value, or ``None``."""
+        return self._cache.derived_budget(directory)
+
     def __reduce__(self) -> tuple[Any, ...]:  # spawned workers: the cache re-opens itself
         return (_Opener, (self._cache,))
