@@ -109,7 +109,8 @@ def resolve_options(shuffle: Any, read: Any, cache: Any, ledger: Any, workers: A
     # an option object replaces the old keywords; a plain path (cache=, ledger=) combines
     # with them, as cache_dir= and ledger= did
     given = {"shuffle": isinstance(shuffle, ShuffleOptions), "read": read is not None,
-             "cache": isinstance(cache, CacheOptions) or "cache_dir" in legacy and cache is not None,
+             "cache": isinstance(cache, CacheOptions) or ("cache_dir" in legacy
+                                                          and cache is not None),
              "ledger": isinstance(ledger, LedgerOptions), "workers": workers is not None}
     groups: dict[str, Any] = {
         "shuffle": shuffle if isinstance(shuffle, ShuffleOptions) else ShuffleOptions(),
@@ -120,7 +121,7 @@ def resolve_options(shuffle: Any, read: Any, cache: Any, ledger: Any, workers: A
     }
     for keyword, fields in _legacy_fields(legacy).items():
         if given[keyword]:
-            old = ", ".join(f"{k}=" for k, v in legacy.items() if LEGACY[k][0] == keyword)
+            old = ", ".join(f"{k}=" for k in legacy if LEGACY[k][0] == keyword)
             raise OptionsError(f"DataLoader got both {keyword}={groups[keyword]!r} and the old "
                                f"keyword(s) {old}; pass everything in {keyword}=.")
         if groups[keyword] is None:  # ledger_ids= without a ledger: nothing to record
