@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 
 from shard_writer import write_dataset  # noqa: E402,F401 - re-exported for the fast-path tests
 
-__all__ = ["mixed_table", "random_array", "write_dataset"]
+__all__ = ["mixed_table", "random_array", "record_table", "write_dataset"]
 
 
 def mixed_table(n: int, start: int, seed: int) -> pa.Table:
@@ -70,3 +70,17 @@ def random_array(t: pa.DataType, n: int, rng: np.random.Generator, nulls: float)
     raw = [bytes(rng.integers(0, 256, k, dtype=np.uint8)) for k in lens]
     vals: list[Any] = [r.hex() for r in raw] if pa.types.is_string(t) else raw
     return pa.array([None if m else v for v, m in zip(vals, mask)], t)
+
+
+def record_table(n: int, start: int, seed: int) -> pa.Table:
+    """Rows whose fixed-width outputs fit row-major records: float features (with nulls), an
+    int16 feature, an int32 categorical and a list<float32> of length 3; ``id`` = global id."""
+    rng = np.random.default_rng(seed)
+    return pa.table({
+        "id": pa.array(np.arange(start, start + n)),
+        "f0": pa.array(rng.standard_normal(n).astype(np.float32), mask=rng.random(n) < 0.1),
+        "f1": pa.array(rng.integers(-50, 50, n).astype(np.int16)),
+        "c0": pa.array(rng.integers(0, 9, n).astype(np.int32)),
+        "seq": pa.array([rng.standard_normal(3).astype(np.float32).tolist() for _ in range(n)],
+                        pa.list_(pa.float32())),
+    })

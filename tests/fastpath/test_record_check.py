@@ -22,7 +22,7 @@ import xxhash
 
 sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importlib mode)
 
-from fastpath_helpers import write_dataset  # noqa: E402
+from fastpath_helpers import record_table, write_dataset  # noqa: E402
 
 from stoker.loader import DataLoader, ReadOptions, WorkerOptions  # noqa: E402
 from stoker.loader.fallbacks import collecting  # noqa: E402
@@ -37,22 +37,10 @@ SIZES = [300, 45, 60]  # shard 0 has more rows than the default sample checks
 MODES = [(0, "thread"), (2, "thread"), (1, "process")]
 
 
-def _table(n: int, start: int, seed: int) -> pa.Table:
-    rng = np.random.default_rng(seed)
-    return pa.table({
-        "id": pa.array(np.arange(start, start + n)),
-        "f0": pa.array(rng.standard_normal(n).astype(np.float32), mask=rng.random(n) < 0.1),
-        "f1": pa.array(rng.integers(-50, 50, n).astype(np.int16)),
-        "c0": pa.array(rng.integers(0, 9, n).astype(np.int32)),
-        "seq": pa.array([rng.standard_normal(3).astype(np.float32).tolist() for _ in range(n)],
-                        pa.list_(pa.float32())),
-    })
-
-
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Manifest:
     starts = np.concatenate([[0], np.cumsum(SIZES)])
-    tables = [_table(n, int(s), i) for i, (n, s) in enumerate(zip(SIZES, starts))]
+    tables = [record_table(n, int(s), i) for i, (n, s) in enumerate(zip(SIZES, starts))]
     return write_dataset(tmp_path_factory.mktemp("checked"), tables, batch_rows=32)
 
 

@@ -11,13 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importlib mode)
 
-from fastpath_helpers import write_dataset  # noqa: E402
+from fastpath_helpers import record_table, write_dataset  # noqa: E402
 
 from stoker.loader import DataLoader, ReadOptions  # noqa: E402
 from stoker.loader.read.arrow import ArrowSource  # noqa: E402
@@ -27,21 +26,10 @@ from stoker.manifest import Manifest  # noqa: E402
 FEATS, CATS = ["f0", "f1"], ["c0"]
 
 
-def _table(n: int, start: int, seed: int) -> pa.Table:
-    rng = np.random.default_rng(seed)
-    return pa.table({
-        "id": pa.array(np.arange(start, start + n)),
-        "f0": pa.array(rng.standard_normal(n).astype(np.float32), mask=rng.random(n) < 0.1),
-        "f1": pa.array(rng.integers(-50, 50, n).astype(np.int16)),
-        "c0": pa.array(rng.integers(0, 9, n).astype(np.int32)),
-        "seq": pa.array([rng.standard_normal(3).astype(np.float32).tolist() for _ in range(n)],
-                        pa.list_(pa.float32())),
-    })
-
-
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Manifest:
-    tables = [_table(n, start, s) for s, (n, start) in enumerate([(60, 0), (45, 60), (30, 105)])]
+    tables = [record_table(n, start, s)
+              for s, (n, start) in enumerate([(60, 0), (45, 60), (30, 105)])]
     return write_dataset(tmp_path_factory.mktemp("records"), tables, batch_rows=8)
 
 
