@@ -148,8 +148,6 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         wants_gpu = pin_memory or bool(pin_memory_device) or str(device or "").startswith("cuda")
         self._service = None if opts.workers.service is None else \
             service_for(opts.workers.service, dataset)
-        self._order_args = (opts.shuffle, opts.order.partitions, opts.order.block_size,
-                            opts.order.partition_mode)
         opened = open_source(dataset, SourceSetup(
             opts, columns, batch_size, auto_collation, collate_fn, num_workers, self.worker_mode,
             world_size=resolve_world(rank, world_size)[1],
@@ -188,8 +186,6 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         self.stats = LoaderStats()
         self._fallbacks = FallbackAccount(self.stats.fallbacks)
         self._ledger = None
-        self._ledger_path = None if opts.ledger is None else opts.ledger.path
-        self._ledger_ids = opts.ledger is not None and opts.ledger.ids
         self._resumed_from: dict[str, Any] | None = None
         self._cache_events = CacheEvents(self._cache) if self._cache is not None else None
         self._content = content_header(self._source) \
@@ -312,7 +308,7 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
             self._pool = None
 
     def _ledger_writer(self) -> Any:
-        if self._ledger_path is None or self._ledger is not None:
+        if self._options.ledger is None or self._ledger is not None:
             return self._ledger
         self._ledger = open_ledger(self)
         return self._ledger

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from stoker.loader.distributed import resolve_world
+from stoker.loader.options import LoaderOptions
 from stoker.loader.order.epoch import OrderOptions
 from stoker.loader.order.schedule import BatchPlan
 
@@ -23,7 +24,7 @@ class WorldPlan:
 
     _world_arg: tuple[int | None, int | None]
     _world: tuple[int, int] | None
-    _order_args: tuple[bool, int | None, int, str]
+    _options: LoaderOptions
     _order_plan: Any
     _source: Any
     _mode: str
@@ -58,21 +59,24 @@ class WorldPlan:
     def _configure(self, world: tuple[int, int]) -> None:
         """Order options and batch plan for ``world``; with a sampler the sampler decides
         what each rank reads, so the plan is that of one process."""
-        shuffle, partitions, block_size, partition_mode = self._order_args
+        shuffle, order = self._options.shuffle, self._options.order
         rank, size = world if self._mode == "order" else (0, 1)
         if self._order_plan is not None:  # a stoker dataset: options fixed at construction
             options = self._order_plan.options
         else:
-            if partitions is None:  # the smallest multiple of world_size >= the default
+            partitions = order.partitions  # None: the smallest multiple of world_size >= default
+            if partitions is None:
                 partitions = -(-OrderOptions().partitions // size) * size
             options = OrderOptions(shuffle=shuffle, partitions=partitions,
-                                   block_size=block_size, partition_mode=partition_mode
+                                   block_size=order.block_size,
+                                   partition_mode=order.partition_mode
                                    ).resolve(self._source.shard_rows)
         if shuffle and self._mode == "order" and options.partitions % size:
             fit = [w for w in range(1, options.partitions + 1) if options.partitions % w == 0]
             raise ValueError(f"world_size={size} must divide partitions={options.partitions}; "
-                             f"the world sizes that do are {fit}. Pass ShuffleOptions(partitions=...) a "
-                             "multiple of every world size you plan to resume with (e.g. 720).")
+                             f"the world sizes that do are {fit}. Pass "
+                             "ShuffleOptions(partitions=...) a multiple of every world size you "
+                             "plan to resume with (e.g. 720).")
         self.order_options = options
         if self._mode == "order" and hasattr(self._source, "stage"):
             self._source.stage(options, rank, size)

@@ -62,8 +62,9 @@ def open_ledger(loader: DataLoader) -> Any:
     check = functools.partial(check_continues, header=header,
                               start=(loader.epoch, loader._cursor.step),
                               resumed=loader._resumed_from is not None, steps_per_epoch=steps,
-                              path=loader._ledger_path)
-    ledger = LedgerWriter(loader._ledger_path, header, ids=loader._ledger_ids, check=check)
+                              path=loader._options.ledger.path)
+    ledger = LedgerWriter(loader._options.ledger.path, header, ids=loader._options.ledger.ids,
+                          check=check)
     if loader._resumed_from is not None:
         ledger.event("resume", state=loader._resumed_from)
         loader._resumed_from = None
