@@ -17,24 +17,14 @@ import argparse
 import statistics
 import tempfile
 import time
+import sys
 from pathlib import Path
-from stoker.loader.options import LedgerOptions, ReadOptions
 
-FEATURES = [f"f{i}" for i in range(64)]
-CATS = [f"c{i}" for i in range(8)]
-BATCH = 1024
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import loader_bench as lb  # noqa: E402 - W1's data
 
-def build(root: Path, rows: int) -> Path:
-    from stoker.sharder import shard
-    from stoker.sharder.synthetic import write_tabular_parquet
-
-    data = root / f"w1-{rows}"
-    if not (data / "stoker" / "manifest.json").exists():
-        data.mkdir(parents=True, exist_ok=True)
-        write_tabular_parquet(data / "data.parquet", rows)
-        shard(str(data / "data.parquet"), str(data / "stoker"), progress=False, overwrite=True)
-    return data / "stoker"
+FEATURES, CATS, BATCH = lb.FEATURES, lb.CATS, lb.W1_BATCH
 
 
 def epoch(path: Path, ledger: Path, content: bool, workers: int) -> tuple[float, float]:
@@ -42,7 +32,7 @@ def epoch(path: Path, ledger: Path, content: bool, workers: int) -> tuple[float,
     warm-up epoch (records built, pages warm). The share is timed inside the loader, around
     every ``batch_digests`` call, so it does not depend on run-to-run noise."""
     import stoker.loader.epoch_iter as epoch_iter
-    from stoker.loader import DataLoader
+    from stoker.loader import DataLoader, LedgerOptions, ReadOptions
 
     spent = [0.0]
     real = epoch_iter.batch_digests
@@ -73,7 +63,7 @@ def epoch(path: Path, ledger: Path, content: bool, workers: int) -> tuple[float,
 
 def digest_speed(path: Path) -> tuple[float, float]:
     """(ms per batch, GB/s) of batch_digests alone on W1 batches."""
-    from stoker.loader import DataLoader
+    from stoker.loader import DataLoader, LedgerOptions, ReadOptions
     from stoker.loader.ledger.digest import batch_digests
 
     dl = DataLoader(path, batch_size=BATCH, shuffle=True, seed=0, columns=["seq", "label"],
@@ -101,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/stoker-content-bench"))
     args = ap.parse_args(argv)
-    path = build(args.workdir, args.rows)
+    path = lb.build_w1(args.workdir, args.rows) / "stoker"
     with tempfile.TemporaryDirectory() as tmp:
         runs: dict[bool, list[float]] = {False: [], True: []}
         shares: list[float] = []

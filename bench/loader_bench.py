@@ -33,7 +33,6 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
-from stoker.loader.options import ReadOptions
 
 HERE = Path(__file__).resolve().parent
 FEATURES = [f"f{i}" for i in range(64)]
@@ -45,17 +44,23 @@ FIRST_RUN = "stoker first run (builds records)"
 
 
 # -- data ------------------------------------------------------------------------------------
-def prepare(workdir: Path, rows: int, images: int) -> None:
-    """Build W1 (Parquet + stoker dataset) and W2 (JPEG Parquet + stoker dataset) once."""
+def build_w1(workdir: Path, rows: int) -> Path:
+    """W1's folder ``<workdir>/w1-<rows>`` (``data.parquet`` and the stoker dataset
+    ``stoker/``), built once: every benchmark that reads W1 shares it."""
     from stoker.sharder import shard
     from stoker.sharder.synthetic import write_tabular_parquet
 
-    workdir.mkdir(parents=True, exist_ok=True)
     w1 = workdir / f"w1-{rows}"
     if not (w1 / "stoker" / "manifest.json").exists():
-        w1.mkdir(exist_ok=True)
+        w1.mkdir(parents=True, exist_ok=True)
         write_tabular_parquet(w1 / "data.parquet", rows)
         shard(str(w1 / "data.parquet"), str(w1 / "stoker"), progress=False, overwrite=True)
+    return w1
+
+
+def prepare(workdir: Path, rows: int, images: int) -> None:
+    """Build W1 (Parquet + stoker dataset) and W2 (JPEG Parquet + stoker dataset) once."""
+    build_w1(workdir, rows)
     w2 = workdir / f"w2-{images}"
     if not (w2 / "stoker" / "manifest.json").exists():
         _make_images(w2, images)
@@ -101,20 +106,21 @@ def _make_images(root: Path, n: int) -> None:
 
 
 # -- cases (each runs in its own process) ------------------------------------------------------
-def _stoker_w1(d: Path, workers: int, row_major: bool | str = "auto") -> Iterator[Any]:
-    from stoker.loader import DataLoader
+def _stoker_w1(d: Path, workers: int, row_major: bool | str = "auto", mode: str | None = None,
+               shuffle: bool = True) -> Iterator[Any]:
+    from stoker.loader import DataLoader, ReadOptions, WorkerOptions
 
-    return iter(DataLoader(d / "stoker", batch_size=W1_BATCH, shuffle=True, seed=0,
-                           num_workers=workers,
-                           columns=["seq", "label"],
+    return iter(DataLoader(d / "stoker", batch_size=W1_BATCH, shuffle=shuffle, seed=0,
+                           num_workers=workers, columns=["seq", "label"],
                            read=ReadOptions(features=FEATURES, categoricals=CATS,
-                                            row_major=row_major)))
+                                            row_major=row_major),
+                           workers=WorkerOptions(mode=mode)))
 
 
 def _stoker_w1_warm(d: Path, workers: int, row_major: bool | str = "auto") -> tuple[Iterator[Any], float]:
     """W1's second epoch: one epoch is read untimed first (row-major copies built, pages
     warm); timing starts at the second epoch."""
-    from stoker.loader import DataLoader
+    from stoker.loader import DataLoader, ReadOptions
 
     loader = DataLoader(d / "stoker", batch_size=W1_BATCH, shuffle=True, seed=0,
                         num_workers=workers, columns=["seq", "label"],
@@ -128,7 +134,7 @@ def _stoker_w1_warm(d: Path, workers: int, row_major: bool | str = "auto") -> tu
 def _stoker_w1_setup(d: Path, workers: int) -> tuple[Iterator[Any], float]:
     """W1 with 1 s of user set-up (a model, an optimiser) between constructing the loader and
     iterating it; timing starts when iteration does (the kernels warm up meanwhile)."""
-    from stoker.loader import DataLoader
+    from stoker.loader import DataLoader, ReadOptions
 
     loader = DataLoader(d / "stoker", batch_size=W1_BATCH, shuffle=True, seed=0,
                         num_workers=workers, columns=["seq", "label"],
@@ -137,13 +143,13 @@ def _stoker_w1_setup(d: Path, workers: int) -> tuple[Iterator[Any], float]:
     return iter(loader), time.perf_counter()
 
 
-def _stoker_w2(d: Path, workers: int) -> Iterator[Any]:
-    from stoker.loader import DataLoader
-    from stoker.loader.fastpath.images import ImageOptions
+def _stoker_w2(d: Path, workers: int, mode: str | None = None) -> Iterator[Any]:
+    from stoker.loader import DataLoader, ImageOptions, ReadOptions, WorkerOptions
 
     return iter(DataLoader(d / "stoker", batch_size=W2_BATCH, shuffle=True, seed=0,
                            num_workers=workers, columns=["label"],
-                           read=ReadOptions(image=ImageOptions("jpg", size=(SIDE, SIDE)))))
+                           read=ReadOptions(image=ImageOptions("jpg", size=(SIDE, SIDE))),
+                           workers=WorkerOptions(mode=mode)))
 
 
 class _ParquetStream(torch.utils.data.IterableDataset):

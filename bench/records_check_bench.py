@@ -24,6 +24,7 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,21 +37,12 @@ from stoker.loader.fastpath import record_check, rowmajor
 from stoker.loader.fastpath.plan import FastPlan, ShardData
 from stoker.loader.fastpath.record_store import RecordStore
 
-FEATURES = [f"f{i}" for i in range(64)]
-CATS = [f"c{i}" for i in range(8)]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import loader_bench as lb  # noqa: E402 - W1's data and outputs
+
+FEATURES, CATS = lb.FEATURES, lb.CATS
 SAMPLES = (64, 256, 1024)
-
-
-def _dataset(workdir: Path, rows: int) -> Path:
-    from stoker.sharder import shard
-    from stoker.sharder.synthetic import write_tabular_parquet
-
-    out = workdir / f"w1-{rows}"
-    if not (out / "stoker" / "manifest.json").exists():
-        out.mkdir(parents=True, exist_ok=True)
-        write_tabular_parquet(out / "data.parquet", rows)
-        shard(str(out / "data.parquet"), str(out / "stoker"), progress=False, overwrite=True)
-    return out / "stoker"
 
 
 def _open(path: Path, plan: FastPlan) -> tuple[ShardData, list[pa.RecordBatch]]:
@@ -73,7 +65,7 @@ def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
 def run(rows: int, repeats: int, workdir: Path) -> str:
     from stoker.manifest import Manifest
 
-    root = _dataset(workdir, rows)
+    root = lb.build_w1(workdir, rows) / "stoker"
     m = Manifest.load(str(root))
     path = root / m.shards[0].path
     plan = FastPlan(m.arrow_schema, [*FEATURES, *CATS, "seq", "label"], FEATURES, CATS)

@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
-from stoker.loader.options import ReadOptions
 
 BATCH = 1024
 FEATURES = [f"f{i}" for i in range(64)]
@@ -67,7 +66,7 @@ def prepare(workdir: Path, rows: int) -> Path:
 
 # -- cases (run in a child process) -------------------------------------------------------------
 def _stoker(path: Path) -> Iterator[Any]:
-    from stoker.loader import DataLoader
+    from stoker.loader import DataLoader, ReadOptions
 
     loader = DataLoader(str(path), batch_size=BATCH, shuffle=True, seed=0,
                         columns=["seq", "label"],

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
-from stoker.loader.options import WorkerOptions
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -75,7 +74,7 @@ def ceiling_server(dataset: str, kind: str) -> None:
     import pyarrow as pa
     import pyarrow.flight as flight
 
-    from stoker.loader import DataLoader
+    from stoker.loader import DataLoader, WorkerOptions
     from stoker.loader.service.key import BatchKey
     from stoker.loader.service.wire import encode_batch
     from stoker.serve.catalog import Catalog
@@ -151,7 +150,7 @@ class _Sized:
 
 
 def run(kind: str, dataset: str, warm: int, n: int, repeats: int) -> list[dict[str, Any]]:
-    from stoker.loader import DataLoader
+    from stoker.loader import DataLoader, WorkerOptions
     from stoker.loader.service.options import Service
 
     serve = [sys.executable, "-m", "stoker.tools", "serve", dataset, "--host", "127.0.0.1"]

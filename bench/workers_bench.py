@@ -39,24 +39,6 @@ sys.path.insert(0, str(HERE))
 import loader_bench as lb  # noqa: E402
 
 
-def _w1(d: Path, workers: int, mode: str, shuffle: bool) -> Iterator[Any]:
-    from stoker.loader import DataLoader, ReadOptions, WorkerOptions
-
-    return iter(DataLoader(d / "stoker", batch_size=lb.W1_BATCH, shuffle=shuffle, seed=0,
-                           num_workers=workers, columns=["seq", "label"],
-                           read=ReadOptions(features=lb.FEATURES, categoricals=lb.CATS),
-                           workers=WorkerOptions(mode=mode)))
-
-
-def _w2(d: Path, workers: int, mode: str) -> Iterator[Any]:
-    from stoker.loader import DataLoader, ImageOptions, ReadOptions, WorkerOptions
-
-    return iter(DataLoader(d / "stoker", batch_size=lb.W2_BATCH, shuffle=True, seed=0,
-                           num_workers=workers, columns=["label"],
-                           read=ReadOptions(image=ImageOptions("jpg", size=(lb.SIDE, lb.SIDE))),
-                           workers=WorkerOptions(mode=mode)))
-
-
 def _decode_ceiling(d: Path, decoder: str) -> Iterator[Any]:
     """One core decoding every JPEG of W2 into a reused [n, 64, 64, 3] buffer."""
     import io
@@ -64,19 +46,22 @@ def _decode_ceiling(d: Path, decoder: str) -> Iterator[Any]:
     import numpy as np
     import pyarrow.parquet as pq
 
+    import simplejpeg
+    from PIL import Image
+
+    def pil(blob: bytes, out: np.ndarray) -> None:
+        out[...] = np.asarray(Image.open(io.BytesIO(blob)).convert("RGB"))
+
+    def sj(blob: bytes, out: np.ndarray) -> None:
+        simplejpeg.decode_jpeg(blob, colorspace="RGB", buffer=out)
+
+    decode = sj if decoder == "simplejpeg" else pil
     f = pq.ParquetFile(d / "data.parquet")
     for g in range(f.num_row_groups):
         blobs = f.read_row_group(g, columns=["jpg"]).column("jpg").to_pylist()
         pixels = np.empty((len(blobs), lb.SIDE, lb.SIDE, 3), np.uint8)
         for i, b in enumerate(blobs):
-            if decoder == "simplejpeg":
-                import simplejpeg
-
-                simplejpeg.decode_jpeg(b, colorspace="RGB", buffer=pixels[i])
-            else:
-                from PIL import Image
-
-                pixels[i] = np.asarray(Image.open(io.BytesIO(b)).convert("RGB"))
+            decode(b, pixels[i])
         yield {"label": np.empty(len(blobs)), "jpg": pixels}
 
 
@@ -113,9 +98,9 @@ def run_case(name: str, data: Path) -> dict[str, float]:
     if run == "ceiling":
         it = lb._ceiling_w1(d) if workload == "w1" else _decode_ceiling(d, shuffle)
     elif workload == "w1":
-        it = _w1(d, int(workers), mode, shuffle == "shuffle on")
+        it = lb._stoker_w1(d, int(workers), mode=mode, shuffle=shuffle == "shuffle on")
     else:
-        it = _w2(d, int(workers), mode)
+        it = lb._stoker_w2(d, int(workers), mode=mode)
     n = 0
     for b in it:
         n += len(b["label"])
