@@ -39,6 +39,10 @@ def main() -> None:
             seen += batch["i"].tolist()
         epochs.append(seen)
     record(out_dir(), accelerator.process_index, accelerator.num_processes, epochs)
+    if torch.distributed.is_initialized():
+        # gloo's threads abort the interpreter at exit when the group is left alive
+        # ("terminate called without an active exception", pytorch/pytorch#190489; seen in CI)
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

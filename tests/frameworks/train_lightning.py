@@ -49,6 +49,8 @@ def main() -> None:
     record(out_dir(), trainer.global_rank, trainer.world_size, model.seen,
            loader=f"{type(used).__module__}.{type(used).__qualname__}",
            sampler=type(used.sampler).__name__)
+    if torch.distributed.is_initialized():  # see train_accelerate.py
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
