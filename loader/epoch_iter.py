@@ -17,7 +17,7 @@ import numpy as np
 
 from stoker.loader.workers.failure import add_note
 from stoker.loader.ledger.digest import batch_digests
-from stoker.loader.fallbacks import Noted, collecting
+from stoker.loader.fallbacks import Noted, collecting, drain
 from stoker.loader.workers.sample_rng import batch_seed
 from stoker.loader.state import Cursor
 from stoker.loader.workers.info import user_code
@@ -262,6 +262,8 @@ class EpochIterator(EpochPass):
         step, ids, out = taken
         if out.fallbacks:
             run.fallbacks.add(out.fallbacks, run.ledger, run.epoch, step)
+        if own := drain():
+            run.fallbacks.add(own, run.ledger, run.epoch, step)
         run.stats.path("compiling" in out.fallbacks)
         batch = run.transfer(out.batch)
         waited = time.perf_counter() - t0

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-__all__ = ["REASONS", "FallbackAccount", "Noted", "collecting", "note"]
+__all__ = ["REASONS", "FallbackAccount", "Noted", "collecting", "drain", "note"]
 
 logger = logging.getLogger("stoker.loader")
 
@@ -44,6 +45,10 @@ REASONS = {
                  "fresh process): the batch was read with pyarrow, the same bytes the kernels "
                  "write; batches switch to the kernels once they are ready (counted in "
                  "loader.stats.kernel_switches)",
+    "fork_busy": "a worker process was forked while a background thread (records, staging, "
+                 "warm-up) was still inside a unit of work after the fork gate's wait "
+                 "(stoker.loader.jit.fork_gate): the worker may block on a lock that thread "
+                 "held; the loader's timeout then names it",
     "warmup_skipped": "the kernels could not be compiled ahead of the first batch: the first "
                       "batch compiles them (and raises if they cannot be)",
 }
@@ -55,6 +60,14 @@ Noted = dict[str, list[Any]]
 _local = threading.local()
 _pending: Noted = {}
 _pending_lock = threading.Lock()
+_hooked: list[bool] = []  # the at-fork hook below is installed (with the first pending note)
+
+
+def _forget_in_child() -> None:
+    # a forked worker reports its own notes; its parent's pending ones stay the parent's
+    global _pending_lock
+    _pending.clear()
+    _pending_lock = threading.Lock()
 
 
 def note(reason: str, detail: str) -> None:
@@ -66,6 +79,9 @@ def note(reason: str, detail: str) -> None:
     target = getattr(_local, "noted", None)
     if target is None:
         with _pending_lock:
+            if not _hooked and hasattr(os, "register_at_fork"):
+                os.register_at_fork(after_in_child=_forget_in_child)
+                _hooked.append(True)
             _add(_pending, reason, 1, detail)
         return
     _add(target, reason, 1, detail)
@@ -77,6 +93,18 @@ def _add(into: Noted, reason: str, count: int, detail: str) -> None:
         into[reason] = [count, detail]
     else:
         entry[0] += count
+
+
+def drain() -> Noted:
+    """Take the process's pending notes (made outside any :func:`collecting` block, e.g. by
+    the consumer while it forked a worker process): the consumer counts them itself, since
+    with worker processes no block of its own would ever collect them."""
+    if not _pending:
+        return {}
+    with _pending_lock:
+        noted = {reason: list(entry) for reason, entry in _pending.items()}
+        _pending.clear()
+    return noted
 
 
 @contextlib.contextmanager

@@ -27,13 +27,14 @@ import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import pyarrow as pa
 
 from stoker.loader.fastpath import record_check, rowmajor, warm
 from stoker.loader.fallbacks import note
+from stoker.loader.jit import fork_gate
 from stoker.loader.fastpath.record_store import RecordStore
 from stoker.loader.fastpath.record_table import RecordTable
 
@@ -107,8 +108,8 @@ class ShardRecords:
         if self.mode < 0 or (store is not None and name is not None and store.exists(name)):
             self._get(index, data, misfits, name)
         else:
-            self._pools()[0].submit(warm.after_first_batch, self._get, index, data, misfits,
-                                    name)
+            self._pools()[0].submit(warm.after_first_batch, _gated, self._get, index, data,
+                                    misfits, name)
 
     def dropped(self, index: int) -> None:
         """Shard ``index`` closed (call under the source's lock): release its records."""
@@ -154,8 +155,8 @@ class ShardRecords:
             table.add(index, records, misfits)
         if built and self._store is not None and name is not None:
             # after add: the save then swaps the served records for the file's mapping
-            self._pools()[1].submit(self._save, self._store, name, index, data, records,
-                                    misfits)
+            self._pools()[1].submit(_gated, self._save, self._store, name, index, data,
+                                    records, misfits)
 
     def _open_store(self) -> RecordStore | None:
         if self.store_dir is None:
@@ -238,6 +239,14 @@ class ShardRecords:
                               ThreadPoolExecutor(1, thread_name_prefix="stoker-rowmajor"),
                               ThreadPoolExecutor(1, thread_name_prefix="stoker-rowmajor-save"))
             return self._pool[1], self._pool[2]
+
+
+def _gated(fn: Callable[..., None], *args: Any) -> None:
+    """``fn(*args)`` in a background thread, as one unit of the fork gate: it maps, reads and
+    writes shard data and holds the source's lock, none of which a forked worker may inherit
+    half done."""
+    with fork_gate.unit():
+        fn(*args)
 
 
 def _lower_priority() -> None:

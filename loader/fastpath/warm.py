@@ -37,7 +37,7 @@ from stoker.loader.fastpath.images import ImageOptions, _unit, crop_box, resampl
 from stoker.loader.fastpath.plan import FastPlan, ShardData
 from stoker.loader.fastpath.record_table import RecordTable
 from stoker.loader.fastpath.ring import BufferRing
-from stoker.loader.jit import warmup
+from stoker.loader.jit import fork_gate, warmup
 from stoker.loader.jit.kernel import made
 from stoker.loader.order.epoch import EpochOrder
 from stoker.loader.order.feistel import order_range
@@ -172,7 +172,8 @@ def _run(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
     the kernels that build records."""
     _order()
     try:
-        batches, arena = _tiny_shard(schema, plan.kernel_columns)
+        with fork_gate.unit():  # pyarrow's locks must not be held at a worker's fork
+            batches, arena = _tiny_shard(schema, plan.kernel_columns)
         data = ShardData(batches, arena, plan.kernel_columns)
         ring = BufferRing(1, False)
         one = np.zeros(1, dtype=np.int64)

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from stoker.loader.fastpath import kernels as k
+from stoker.loader.jit import fork_gate
 from stoker.loader.order.epoch import EpochOrder, OrderOptions
 from stoker.loader.fastpath.record_table import _gather
 from stoker.loader.fastpath.rowmajor import _TILE, Field, RecordLayout, _allocate
@@ -269,7 +270,8 @@ class Stager:
 
     def _background(self, order: EpochOrder, key: _Key, keep: set[_Key]) -> None:
         if not self._closed:
-            self._ensure(order, key, keep, wait=False)  # an error is kept in the round
+            with fork_gate.unit():  # reads shards through pyarrow: not split by a fork
+                self._ensure(order, key, keep, wait=False)  # an error is kept in the round
 
     # -- batches ------------------------------------------------------------------------------
     def gather(self, ids: np.ndarray, slot: Slot, epoch: int,

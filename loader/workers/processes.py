@@ -23,6 +23,8 @@ from multiprocessing.reduction import ForkingPickler
 import torch.multiprocessing as tmp
 
 from stoker.loader.errors import LoaderTimeoutError, WorkerError
+from stoker.loader.fallbacks import note
+from stoker.loader.jit import fork_gate
 from stoker.loader.jit.kernel import materialize
 from stoker.loader.workers.failure import WorkerFailure
 from stoker.loader.workers.info import WorkerContext
@@ -38,6 +40,7 @@ _POLL = 0.05
 _PER_WORKER = 2  # batches handed to one worker process at a time
 _MAX_TRIES = 3  # workers that may die on one batch before it is an error
 _WATCH = 5.0  # seconds between a waiting worker's checks that its consumer is alive
+_FORK_WAIT = 60.0  # longest a fork waits for stoker's background threads (fork_gate)
 
 
 def _process_main(fn: Task, tasks: Any, results: Any, context: WorkerContext,
@@ -99,7 +102,13 @@ class _Proc:
                                                       setup.init))
         if ctx.get_start_method() == "fork":
             _settle_imports()
-        self.process.start()
+            with fork_gate.quiet(_FORK_WAIT) as calm:
+                self.process.start()
+            if not calm:
+                note("fork_busy", f"worker process {index}: a unit still ran after "
+                                  f"{_FORK_WAIT:.0f} s")
+        else:
+            self.process.start()
         task_r.close()
         result_w.close()
 
