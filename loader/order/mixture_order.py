@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from stoker.loader.order.epoch import EpochOrder, OrderError, OrderOptions
+from stoker.loader.order.mixture_kernel import pick_spans, place
 
 __all__ = ["MixtureOrder", "PassOrders", "source_order"]
 
@@ -61,27 +62,25 @@ class PassOrders:
 
     def ids(self, src: np.ndarray, pick: np.ndarray, sizes: np.ndarray,
             offsets: np.ndarray) -> np.ndarray:
-        """Mixture ids of the picks ``(src, pick)`` (int64, same length).
+        """Mixture ids of the picks ``(src, pick)`` (int64, same length, any order).
 
-        A source's picks in a window are increasing, so each (source, pass) group is read as
-        one contiguous range of its order (the range kernel) and indexed.
+        Source ``i``'s picks lie in ``[lo_i, hi_i)``: that span is read as one contiguous
+        range of each of its passes (the range kernel) into a buffer, and every position
+        takes its id from there (stoker.loader.order.mixture_kernel), with no sort by source.
         """
-        out = np.empty(len(src), dtype=np.int64)
-        by_source = np.argsort(src, kind="stable")
-        bounds = np.flatnonzero(np.diff(src[by_source])) + 1
-        for sel in np.split(by_source, bounds) if len(src) else []:
-            i = int(src[sel[0]])
-            n = int(sizes[i])
-            picks = pick[sel]
-            first, last = int(picks[0]) // n, int(picks[-1]) // n
-            for p in range(first, last + 1):
-                part = sel if first == last else sel[picks // n == p]
-                if not len(part):  # a rank's share can skip a whole pass of a tiny source
-                    continue
-                within = pick[part] - p * n
-                lo, hi = int(within[0]), int(within[-1]) + 1
-                out[part] = self.get(i, p).ids(lo, hi)[within - lo] + offsets[i]
-        return out
+        if not len(src):
+            return np.empty(0, dtype=np.int64)
+        src, pick = np.ascontiguousarray(src), np.ascontiguousarray(pick)  # one kernel layout
+        lo, hi = pick_spans(src, pick, np.int64(len(sizes)))
+        span = hi - lo
+        base = np.cumsum(span) - span
+        buf = np.empty(int(span.sum()), dtype=np.int64)
+        for i in np.flatnonzero(span).tolist():
+            n, a, b, at = int(sizes[i]), int(lo[i]), int(hi[i]), int(base[i])
+            for p in range(a // n, (b - 1) // n + 1):  # the passes the span crosses
+                s, e = max(a, p * n), min(b, (p + 1) * n)
+                buf[at + s - a:at + e - a] = self.get(i, p).ids(s - p * n, e - p * n)
+        return place(src, pick, lo, base, buf, offsets)
 
 
 class MixtureOrder:
