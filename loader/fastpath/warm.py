@@ -39,11 +39,13 @@ from stoker.loader.fastpath.record_table import RecordTable
 from stoker.loader.fastpath.ring import BufferRing
 from stoker.loader.jit import fork_gate, warmup
 from stoker.loader.jit.kernel import made
+from stoker.loader.order.blend import Blend
 from stoker.loader.order.epoch import EpochOrder
 from stoker.loader.order.feistel import order_range
+from stoker.loader.order.mixture_kernel import pick_spans, place, source_of
 from stoker.loader.order.options import OrderOptions
 
-__all__ = ["after_first_batch", "plan_key", "prime", "ready", "served", "start"]
+__all__ = ["after_first_batch", "plan_key", "prime", "prime_mixture", "ready", "served", "start"]
 
 _served = threading.Event()  # a first batch was delivered in this process (see served)
 _HOLD_S = 1.0  # longest a warm-up waits for that first batch before it compiles anyway
@@ -56,6 +58,13 @@ def prime() -> None:
     thread, once per process. Called when a DataLoader is built (never at import), so a script
     that builds its model meanwhile finds it done."""
     warmup.spawn(("order",), _held, _order)
+
+
+def prime_mixture() -> None:
+    """Load a mixture's own kernels (the blend's, stoker.loader.order.mixture_kernel) in a
+    warm-up thread, once per process: called when a mixture is opened, so its first batch
+    does not compile or load them (~1 s on a node whose Numba cache is empty)."""
+    warmup.spawn(("mixture",), _held, _mixture)
 
 
 def plan_key(plan: FastPlan, row_major: bool) -> tuple[str, ...]:
@@ -147,6 +156,17 @@ def _order() -> None:
         order_range(np.int64(0), np.int64(4), np.int64(1), *order._kernel_args())
     except _expected() as exc:  # only a head start
         note("warmup_skipped", f"order: {type(exc).__name__}: {exc}")
+
+
+def _mixture() -> None:
+    try:
+        src, pick = Blend([(0, [1, 2])]).picks(0, 4)
+        lo, _ = pick_spans(src, pick, np.int64(2))
+        zeros = np.zeros(4, dtype=np.int64)
+        place(src, pick, lo, zeros[:2].copy(), zeros, zeros[:3].copy())
+        source_of(zeros, zeros[:3].copy())
+    except _expected() as exc:  # only a head start
+        note("warmup_skipped", f"mixture: {type(exc).__name__}: {exc}")
 
 
 def _run_plan(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:

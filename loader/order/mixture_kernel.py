@@ -7,7 +7,7 @@ source's pass orders (one range kernel call per source and pass) into one buffer
 source. :func:`pick_spans` finds those bounds and :func:`place` writes every position's id
 from the buffer: O(window) each, instead of an argsort of the window by source and a fancy
 index per source and pass (what the mixture cost per batch on top of one dataset's order,
-bench/mixture_bench.py).
+bench/mixture_bench.py). :func:`source_of` gives a batch's ``"source"`` column from its ids.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 from stoker.loader.jit.kernel import kernel
+from stoker.loader.jit.search import last_at_or_below
 
-__all__ = ["pick_spans", "place"]
+__all__ = ["pick_spans", "place", "source_of"]
 
 
 @kernel
@@ -46,4 +47,16 @@ def place(src, pick, lo, base, buf, offsets):  # type: ignore[no-untyped-def]
     for k in range(src.shape[0]):
         i = src[k]
         out[k] = buf[base[i] + pick[k] - lo[i]] + offsets[i]
+    return out
+
+
+@kernel
+def source_of(ids, offsets):  # type: ignore[no-untyped-def]
+    """int64 source of each mixture id: the last ``i`` with ``offsets[i] <= id`` (``-1`` if
+    none), i.e. ``searchsorted(offsets, ids, "right") - 1`` without its temporaries and cast:
+    a batch's ``"source"`` column costs one pass over its ids."""
+    out = np.empty(ids.shape[0], dtype=np.int64)
+    for k in range(ids.shape[0]):
+        v = ids[k]
+        out[k] = -1 if v < offsets[0] else last_at_or_below(offsets, v, 0, offsets.shape[0])
     return out

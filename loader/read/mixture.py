@@ -20,12 +20,13 @@ import torch
 
 from stoker.loader.read.arrow import ArrowSource
 from stoker.loader.jit.kernel import kernel
-from stoker.loader.jit.search import last_at_or_below
 from stoker.loader.order.mixture import Mixture, MixtureError
 from stoker.loader.order.mixture_file import is_mixture_file
+from stoker.loader.order.mixture_kernel import source_of
 from stoker.loader.order.mixture_order import MixtureOrder, PassOrders
 from stoker.loader.read.mixture_union import union_manifest
 from stoker.loader.order.options import OrderOptions
+from stoker.loader.fastpath import warm
 from stoker.loader.fastpath.ring import BufferRing, Slot
 from stoker.manifest import Manifest, ManifestError
 
@@ -95,6 +96,7 @@ class MixtureSource:
     def __init__(self, mixture: Mixture,
                  make_reader: Callable[[Manifest], tuple[ArrowSource, Any]], *,
                  ring_depth: int = 8, pin: bool = False, union: bool = True) -> None:
+        warm.prime_mixture()
         self.mixture = mixture
         self._ring = BufferRing(ring_depth, pin)
         self.fingerprint = mixture.fingerprint
@@ -136,7 +138,7 @@ class MixtureSource:
     def fetch(self, ids: np.ndarray, epoch: int = 0, seed: int = 0) -> dict[str, Any]:
         """The batch of mixture ids ``ids``, in their order, with ``"source"``."""
         ids = np.asarray(ids, dtype=np.int64)
-        src = _source_of(ids, self._offsets)
+        src = source_of(ids, self._offsets)
         if self.union:  # mixture ids are the union's global ids
             batch = self.readers[0].fetch(ids, epoch, seed)
             batch["source"] = torch.from_numpy(src)
@@ -167,18 +169,6 @@ class MixtureSource:
             if c is not None:
                 c.close()
         self._caches = [None] * len(self._caches)
-
-
-@kernel
-def _source_of(ids, offsets):  # type: ignore[no-untyped-def]
-    """int64 source of each mixture id: the last ``i`` with ``offsets[i] <= id`` (``-1`` if
-    none), i.e. ``searchsorted(offsets, ids, "right") - 1`` without its temporaries and cast:
-    the ``"source"`` column costs one pass over the batch's ids."""
-    out = np.empty(ids.shape[0], dtype=np.int64)
-    for k in range(ids.shape[0]):
-        v = ids[k]
-        out[k] = -1 if v < offsets[0] else last_at_or_below(offsets, v, 0, offsets.shape[0])
-    return out
 
 
 @kernel
