@@ -17,6 +17,12 @@ mixture epoch reads exactly the rows one single-source epoch reads, each once; w
 is the blend, the per-source split of every batch and the merge back into stream order.
 Goal: the mixture at >= 90 % of the single-source rows/s.
 
+Where the W1 difference comes from (``split``): with one loader of each alive, per epoch and
+median over ``--repeats``, the CPU time of computing every batch's ids (the order: the blend
+and the sources' pass orders against one dataset's order), and the single-source reader
+reading the mixture's ids against its own (the same rows; only the order they are read in
+differs, so this is the stream's locality, not the mixture's code).
+
 Blend state: ``tracemalloc`` peak while a 1,000-source blend is built and read at positions
 near 10**10 (goal < 10 MB), and the blend's own positions/s for 3, 7 and 1,000 sources.
 """
@@ -46,12 +52,24 @@ NAMES = ("a", "b", "c")
 SPLIT = (1, 2, 3)
 NOTES = """\
 - The three sources share one schema and are local, so the mixture reads every batch with one
-  reader over the union of their shards (stoker.loader.read.mixture_union): the read costs what a
-  single dataset's does. What the mixture adds is in the main thread: the blend (14-24 M
-  positions/s for 3 sources) and each source's own pass order over its picks, computed 16 k
-  positions at a time. Sources that cannot share a reader (other schemas, remote) are read one
-  by one and merged; each reader call has a fixed cost (~0.1 ms here), so that path runs at
-  about half the single-source rate on W1.
+  reader over the union of their shards (stoker.loader.read.mixture_union): the read code is
+  a single dataset's. What the mixture still adds is (1) its order, computed 16 k positions
+  at a time in the consumer thread: the blend (positions/s below) and each source's own pass
+  order over its picks (one range kernel call per source and pass, then two O(window)
+  kernels place the ids; the `source` column is one kernel pass over a batch's ids): the
+  "order CPU" rows; and (2) the stream's locality: each source is shuffled over its own P
+  partitions (P resolved for the union: 360 here), and with sources of 100-300 k rows a
+  partition is a single block, so every row of every source is live at once, where one
+  dataset's order keeps P blocks of K = 1024 rows live (368 k of its 600 k rows). The same
+  single-source reader reads the mixture's ids slower than its own (the "reads" rows): that,
+  not the mixture's code, is what keeps W1 (a cheap, memory-bound read) below 90 %; it is
+  fixed by the order's definition (a mixture holds about one live block set per source), so
+  only a new order version could lower it. Computing the positions in the workers instead
+  would not lower the CPU per batch (at 2 thread workers the consumer thread was ~30 % busy,
+  so it is not the bottleneck); images, where decoding dominates, are at parity.
+- Sources that cannot share a reader (other schemas, remote) are read one by one and merged;
+  each reader call has a fixed cost (~0.1 ms here), so that path runs at about half the
+  single-source rate on W1.
 - The blend's state is O(sources): the restart at a far position costs O(1 / smallest weight)
   EDF steps (about the number of sources for balanced weights), then O(log sources) per
   position. Random access for 1,000 sources includes the exact big-integer restart (Python)."""
@@ -152,6 +170,39 @@ def run_pair(sources: list[Path], single: Path, workload: str, workers: int,
     return statistics.median(mixed), statistics.median(plain)
 
 
+def split(sources: list[Path], single: Path, repeats: int) -> dict[str, float]:
+    """The order's CPU ms per epoch (mixture, single) and the single reader's CPU ms per
+    epoch for its own ids and for the mixture's (see the module docstring)."""
+    from stoker.loader import DataLoader, Mixture
+    from stoker.loader.order.mixture_order import source_order
+    from stoker.loader.order.schedule import rank_batch_ids
+
+    opts = dict(_options("w1"), shuffle=True, seed=0)
+    mixture = Mixture({n: str(p) for n, p in zip(NAMES, sources)})
+    loaders = {"mixture": DataLoader(mixture, **opts), "single": DataLoader(single, **opts)}
+    for dl in loaders.values():  # untimed warm-up: records built, pages cached
+        for _ in dl:
+            pass
+    reader = loaders["single"]._source
+    times: dict[str, list[float]] = {}
+    for epoch in range(1, repeats + 1):
+        ids = {}
+        for name, dl in loaders.items():
+            t0 = time.thread_time()
+            order = source_order(dl._source, dl.seed, epoch, dl.order_options)
+            ids[name] = [rank_batch_ids(order, dl._plan, s) for s in range(len(dl))]
+            times.setdefault(f"order CPU ms/epoch, {name}", []).append(time.thread_time() - t0)
+        for name in ("single", "mixture"):
+            t0 = time.thread_time()
+            for batch in ids[name]:
+                reader.fetch(batch, epoch, 0)
+            times.setdefault(f"single-source reads CPU ms/epoch, {name} ids", []).append(
+                time.thread_time() - t0)
+    for dl in loaders.values():
+        dl.close()
+    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
+
+
 def blend_figures() -> dict[str, Any]:
     from stoker.loader.order.blend import Blend
 
@@ -179,12 +230,15 @@ def blend_figures() -> dict[str, Any]:
 
 
 # -- report ------------------------------------------------------------------------------------
-def table(results: dict[tuple[str, int], tuple[float, float]], blend: dict[str, Any]) -> str:
+def table(results: dict[tuple[str, int], tuple[float, float]], parts: dict[str, float],
+          blend: dict[str, Any]) -> str:
     lines = ["| workload | workers | mixture rows/s | single-source rows/s | ratio |",
              "|---|---:|---:|---:|---:|"]
     for (workload, workers), (mixed, plain) in results.items():
         lines.append(f"| {workload} | {workers} | {mixed:,.0f} | {plain:,.0f} | "
                      f"{100 * mixed / plain:.0f} % |")
+    lines += ["", "| W1, one thread: where the time goes | value |", "|---|---:|"]
+    lines += [f"| {k} | {v:,.1f} |" for k, v in parts.items()]
     lines += ["", "| blend | value |", "|---|---:|"]
     lines += [f"| {k} | {v:,.2f} |" if v < 1000 else f"| {k} | {v:,.0f} |"
               for k, v in blend.items()]
@@ -209,8 +263,9 @@ def main(argv: list[str] | None = None) -> int:
             mixed, plain = results[(workload, workers)]
             print(f"{workload} workers={workers}: mixture {mixed:,.0f} rows/s, single "
                   f"{plain:,.0f} rows/s ({100 * mixed / plain:.0f} %)", flush=True)
+    parts = split(*data["w1"], args.repeats)
     blend = blend_figures()
-    text = table(results, blend)
+    text = table(results, parts, blend)
     print(text)
     cmd = "`.venv/bin/python bench/mixture_bench.py " + " ".join(argv or sys.argv[1:]) + "`"
     header = (f"{cmd.replace(' `', '`')} on {platform.machine()}, {os.cpu_count()} CPUs, Python "
