@@ -192,7 +192,7 @@ def split(sources: list[Path], single: Path, repeats: int) -> dict[str, float]:
             order = source_order(dl._source, dl.seed, epoch, dl.order_options)
             ids[name] = [rank_batch_ids(order, dl._plan, s) for s in range(len(dl))]
             times.setdefault(f"order CPU ms/epoch, {name}", []).append(time.thread_time() - t0)
-        for name in ("single", "mixture"):
+        for name in ("single", "mixture")[::1 if epoch % 2 else -1]:  # alternate who goes first
             t0 = time.thread_time()
             for batch in ids[name]:
                 reader.fetch(batch, epoch, 0)
