@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
@@ -60,9 +60,23 @@ class BatchTask:
     def __call__(self, payload: tuple[Any, int, int]) -> Delivered:
         ids, epoch, seed = payload  # epoch and seed key per-sample augmentation and RNG
         with collecting() as noted:
-            batch = self.source.fetch(ids, epoch, seed)
-        digests = batch_digests(batch, self.content) if self.content is not None else None
+            batch, digests = self.fetch(ids, epoch, seed)
         return Delivered(self.finish(batch, ids, epoch, seed), digests, noted)
+
+    def fetch(self, ids: Any, epoch: int, seed: int) -> tuple[Any, list[int] | None]:
+        """The source's batch and its content digests (``None`` without ``content``); a
+        source with ``fetch_digested`` (stoker.loader.read.arrow) has them computed on its
+        arrays as soon as they are written (same digests, less time)."""
+        if self.content is None:
+            return self.source.fetch(ids, epoch, seed), None
+        fetch_digested = getattr(self.source, "fetch_digested", None)
+        if fetch_digested is not None:
+            return fetch_digested(ids, epoch, seed, self._digests)  # type: ignore[no-any-return]
+        batch = self.source.fetch(ids, epoch, seed)
+        return batch, batch_digests(batch, self.content)
+
+    def _digests(self, batch: Any, arrays: Mapping[str, np.ndarray]) -> list[int]:
+        return batch_digests(batch, self.content, arrays)  # type: ignore[arg-type]
 
     def finish(self, batch: Any, ids: Any, epoch: int, seed: int) -> Any:
         """The user's ``collate`` and ``transform`` on a delivered batch (also what the data

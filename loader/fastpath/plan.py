@@ -289,10 +289,15 @@ class FastPlan:
             arrow: Callable[[list[str]], dict[str, Any]],
             augment: tuple[np.ndarray, str, int, int] | None = None,
             filled: dict[str, np.ndarray] | None = None,
-            rest: Sequence[_Group] = (), kernels: Any = k) -> dict[str, Any]:
+            rest: Sequence[_Group] = (), kernels: Any = k,
+            arrays: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
         """Fill every output for one batch of ``n`` rows into ``slot``; ``arrow(columns)``
         converts the columns the kernels do not handle; ``augment`` is (ids, fingerprint,
         seed, epoch), all that image augmentation depends on.
+
+        ``arrays``, if given, receives the NumPy array behind each fixed-width tensor of the
+        batch, by batch key: the content digests hash them while they are still in cache
+        (stoker.loader.ledger.digest.batch_digests).
 
         ``filled`` are outputs already written from row-major records
         (:mod:`stoker.loader.fastpath.rowmajor`) for every row but those of ``rest``, which the column
@@ -301,6 +306,7 @@ class FastPlan:
         while the kernels compile.
         """
         batch: dict[str, Any] = {}
+        arrays = {} if arrays is None else arrays
         filled = filled or {}
         fallback = arrow(self.arrow_columns) if self.arrow_columns else {}
         for out in self.outputs:
@@ -309,15 +315,15 @@ class FastPlan:
                 for data, chunk, row, dest in rest:
                     kernels.gather_fixed(data.views, data.matrix_meta(out.columns), chunk, row, dest,
                                    arr)
-                batch[out.name] = torch.from_numpy(arr.reshape(n) if out.kind == "fixed" else arr)
+                _tensor(batch, arrays, out.name, arr.reshape(n) if out.kind == "fixed" else arr)
             elif out.kind in ("matrix", "fixed"):
                 arr = slot.array(out.name, (n, len(out.columns)), out.dtype)
                 for data, chunk, row, dest in groups:
                     kernels.gather_fixed(data.views, data.matrix_meta(out.columns), chunk, row,
                                          dest, arr)
-                batch[out.name] = torch.from_numpy(arr.reshape(n) if out.kind == "fixed" else arr)
+                _tensor(batch, arrays, out.name, arr.reshape(n) if out.kind == "fixed" else arr)
             elif out.kind == "list":
-                self._list(out, groups, n, slot, batch, kernels)
+                self._list(out, groups, n, slot, batch, arrays, kernels)
             elif out.kind == "image":
                 batch[out.name] = self._image(out, groups, n, slot, augment, kernels)
             elif out.kind in ("binary", "string"):
@@ -336,16 +342,16 @@ class FastPlan:
         return lengths
 
     def _list(self, out: Output, groups: list[_Group], n: int, slot: Slot,
-              batch: dict[str, Any], kernels: Any = k) -> None:
+              batch: dict[str, Any], arrays: dict[str, np.ndarray], kernels: Any = k) -> None:
         lengths = self._lengths(out, groups, n, slot, kernels)
         np.maximum(lengths, 0, out=lengths)  # null list -> empty, as in the pyarrow path
         width = int(lengths.max()) if n else 0
         arr = slot.array(out.name, (n, width), out.dtype)
         for data, chunk, row, dest in groups:
             kernels.gather_list(data.views, data.meta[out.name], chunk, row, dest, arr)
-        batch[out.name] = torch.from_numpy(arr)
+        _tensor(batch, arrays, out.name, arr)
         if n and not (lengths == width).all():
-            batch[f"{out.name}_lengths"] = torch.from_numpy(lengths)
+            _tensor(batch, arrays, f"{out.name}_lengths", lengths)
 
     def _image(self, out: Output, groups: list[_Group], n: int, slot: Slot,
                augment: tuple[np.ndarray, str, int, int] | None,
@@ -389,3 +395,10 @@ class FastPlan:
 def new_ring(depth: int = 8, pin: bool = False) -> BufferRing:
     """The ring an :class:`~stoker.loader.read.arrow.ArrowSource` fills batches into."""
     return BufferRing(depth, pin)
+
+
+def _tensor(batch: dict[str, Any], arrays: dict[str, np.ndarray], name: str,
+            arr: np.ndarray) -> None:
+    """``batch[name]``: a tensor view of ``arr``, which ``arrays`` keeps for the digests."""
+    batch[name] = torch.from_numpy(arr)
+    arrays[name] = arr

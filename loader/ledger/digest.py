@@ -18,8 +18,12 @@ Digest of one column value (xxh3-64, streamed):
   entry's key and digest, in key order.
 
 A list column that returns ``NAME_lengths`` beside ``NAME`` (rows of different lengths) is
-digested together with it under ``NAME``. xxh3 runs at many GB/s, so this costs a few
-percent of a batch's read time at most (bench/loader_bench.py ``--content``).
+digested together with it under ``NAME``.
+
+Cost (bench/content_digest_bench.py): on a hot W1 batch, hashing proper takes ~8 us and
+reading a tensor's dtype, shape and ``numpy()`` view ~3 us per column, so the fast path hands
+:func:`batch_digests` the NumPy arrays behind its tensors (``arrays``), just written and
+still in cache, and :func:`array_digest` hashes them with a seed cached per (dtype, shape).
 """
 
 from __future__ import annotations
@@ -31,13 +35,17 @@ import numpy as np
 import torch
 import xxhash
 
-__all__ = ["CONTENT_ALGORITHM", "batch_digests", "content_header", "value_digest"]
+__all__ = ["CONTENT_ALGORITHM", "array_digest", "batch_digests", "content_header",
+           "value_digest"]
 
 CONTENT_ALGORITHM = "stoker.content/1"
 _SHAPE = np.dtype("<i8")
 _SEEDS: dict[tuple[Any, ...], int] = {}
 _NUMPY_OK = frozenset((torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
                        torch.float16, torch.float32, torch.float64))
+# the tensor dtype torch.from_numpy gives each NumPy dtype, for array_digest's seed
+_TORCH_OF = {np.dtype(torch.empty(0, dtype=d).numpy().dtype): d for d in _NUMPY_OK}
+_ARRAY_SEEDS: dict[tuple[np.dtype, tuple[int, ...]], int] = {}
 
 
 def _header_seed(kind: str, dtype: Any, shape: tuple[int, ...]) -> int:
@@ -67,6 +75,24 @@ def _tensor_digest(t: torch.Tensor) -> int:
             a = np.ascontiguousarray(a)
     else:  # bfloat16 and friends: raw bytes
         a = t.contiguous().reshape(-1).view(torch.uint8).numpy()
+    return xxhash.xxh3_64_intdigest(a, seed=seed) if a.size else seed
+
+
+def array_digest(a: np.ndarray) -> int:
+    """``value_digest(torch.from_numpy(a))`` for a C-contiguous array, without the tensor:
+    the fast path's outputs are such arrays, and its digests are computed on them right
+    after the kernels wrote them. An array this cannot vouch for (not C-contiguous, a dtype
+    torch does not share) goes through the tensor."""
+    seed = _ARRAY_SEEDS.get((a.dtype, a.shape))
+    if seed is None:
+        torch_dtype = _TORCH_OF.get(a.dtype)
+        if torch_dtype is None or not a.flags.c_contiguous:
+            return _tensor_digest(torch.from_numpy(a))
+        if len(_ARRAY_SEEDS) > 4096:
+            _ARRAY_SEEDS.clear()
+        seed = _ARRAY_SEEDS[(a.dtype, a.shape)] = _header_seed("T", torch_dtype, a.shape)
+    elif not a.flags.c_contiguous:  # same dtype and shape as a cached one, other strides
+        return _tensor_digest(torch.from_numpy(a))
     return xxhash.xxh3_64_intdigest(a, seed=seed) if a.size else seed
 
 
@@ -112,14 +138,38 @@ def value_digest(value: Any, lengths: Any = None) -> int:
     return h.intdigest()
 
 
-def batch_digests(batch: Any, columns: Sequence[str]) -> list[int]:
-    """One digest per name of ``columns`` (a generic batch is the single column ``"batch"``)."""
+def batch_digests(batch: Any, columns: Sequence[str],
+                  arrays: Mapping[str, np.ndarray] | None = None) -> list[int]:
+    """One digest per name of ``columns`` (a generic batch is the single column ``"batch"``).
+
+    ``arrays``: the C-contiguous NumPy arrays some of the batch's tensors are
+    ``torch.from_numpy`` views of (the fast path's outputs, by batch key), hashed directly
+    with :func:`array_digest`; the digests are the same as without them.
+    """
     if list(columns) == ["batch"] and not (isinstance(batch, Mapping) and "batch" in batch):
         return [value_digest(batch)]
     if not isinstance(batch, Mapping):
         raise TypeError(f"content digests: expected a dict batch with columns {list(columns)}, "
                         f"got {type(batch).__name__}")
-    return [value_digest(batch[name], batch.get(f"{name}_lengths")) for name in columns]
+    if not arrays:
+        return [value_digest(batch[name], batch.get(f"{name}_lengths")) for name in columns]
+    return [_column_digest(batch, name, arrays) for name in columns]
+
+
+def _column_digest(batch: Mapping[str, Any], name: str, arrays: Mapping[str, np.ndarray]) -> int:
+    """``value_digest`` of column ``name`` (and its ``_lengths``), from ``arrays`` where
+    they hold it."""
+    a = arrays.get(name)
+    lengths_name = f"{name}_lengths"
+    if a is None or (lengths_name in batch and lengths_name not in arrays):
+        return value_digest(batch[name], batch.get(lengths_name))
+    if lengths_name not in batch:
+        return array_digest(a)
+    h = xxhash.xxh3_64()  # as value_digest's _update: each part's digest, 8 bytes LE
+    h.update(array_digest(a).to_bytes(8, "little"))
+    h.update(b"+lengths")
+    h.update(array_digest(arrays[lengths_name]).to_bytes(8, "little"))
+    return h.intdigest()
 
 
 def content_header(source: Any) -> dict[str, Any]:

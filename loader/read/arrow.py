@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -40,7 +40,10 @@ from stoker.manifest import Manifest, ManifestError, StokerError, redact_url, re
 
 # check_column_names and ShardOpener live in their own modules; re-exported here, where callers
 # have imported them from
-__all__ = ["ArrowSource", "ShardOpener", "check_column_names"]
+__all__ = ["ArrowSource", "Digest", "ShardOpener", "check_column_names"]
+
+# digest(batch, arrays) -> digests: see ArrowSource.fetch_digested
+Digest = Callable[[dict[str, Any], Mapping[str, np.ndarray]], Any]
 
 logger = logging.getLogger(__name__)
 
@@ -285,6 +288,15 @@ class ArrowSource:
         """The batch dict for ``ids``: ``features`` and ``categoricals`` stacked, images
         decoded (augmented from ``(seed, epoch, id)``), other columns converted (see
         stoker.loader.fastpath.convert for the rules)."""
+        return self.fetch_digested(ids, epoch, seed, None)[0]
+
+    def fetch_digested(self, ids: np.ndarray, epoch: int, seed: int,
+                       digest: Digest | None) -> tuple[dict[str, Any], Any]:
+        """:meth:`fetch`, and ``digest(batch, arrays)`` computed on the batch as soon as it is
+        built, before anyone else sees it (``None``: not called, ``None`` returned).
+        ``arrays``: the NumPy arrays behind the batch's fixed-width tensors, by batch key,
+        just written by the kernels and still in cache; the loader's ledger hashes them
+        (stoker.loader.ledger.digest) without reading each tensor's attributes."""
         ids = np.asarray(ids, dtype=np.int64)
         if self._plan is not None and len(ids):
             slot = self._ring.acquire()
@@ -303,16 +315,18 @@ class ArrowSource:
                     raise WorkerError(f"reading the batch of samples {_shown(ids)} failed: "
                                       f"{type(exc).__name__}: {exc}") from exc
                 else:
+                    arrays: dict[str, np.ndarray] = {}
                     batch = self._plan.run(groups, len(ids), slot,
                                            lambda cols: table_to_batch(self.take(ids, cols)),
                                            (ids, self.fingerprint, seed, epoch), filled, rest,
-                                           kernels_np if twins else kernels)
+                                           kernels_np if twins else kernels, arrays)
                     if twins:  # the warm-ups held back for the first batch compile now
                         warm.served()
-                    return batch
+                    return batch, None if digest is None else digest(batch, arrays)
             finally:
                 self._ring.release(slot)
-        return self._fetch_arrow(ids, epoch, seed)
+        batch = self._fetch_arrow(ids, epoch, seed)
+        return batch, None if digest is None else digest(batch, {})
 
     def _gather_twins(self, ids: np.ndarray, slot: Any) -> tuple[dict[str, np.ndarray],
                                                                   list[Any], list[Any]]:

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stoker.loader.read.arrow import ArrowSource
+from stoker.loader.read.arrow import ArrowSource, Digest
 from stoker.loader.fallbacks import note
 from stoker.loader.fastpath.plan import FastPlan
 from stoker.loader.read.index_staging import RowGroups, all_records
@@ -123,8 +123,10 @@ class IndexSource(ArrowSource):
         self.opened_shards.add(index)
         return self._read_group(index, group)
 
-    def fetch(self, ids: np.ndarray, epoch: int = 0, seed: int = 0) -> dict[str, Any]:
-        """As :meth:`ArrowSource.fetch`; from staged rounds when :meth:`stage` enabled them."""
+    def fetch_digested(self, ids: np.ndarray, epoch: int, seed: int,
+                       digest: Digest | None) -> tuple[dict[str, Any], Any]:
+        """As :meth:`ArrowSource.fetch_digested`; from staged rounds when :meth:`stage`
+        enabled them."""
         ids = np.asarray(ids, dtype=np.int64)
         stager = self._stager
         if stager is not None and len(ids):
@@ -133,12 +135,15 @@ class IndexSource(ArrowSource):
                 filled, missing = stager.gather(ids, slot, epoch, seed)
                 plan = self._staged_plan
                 if not len(missing) and all(o.name in filled for o in plan.outputs):
-                    return plan.run([], len(ids), slot, lambda cols: {}, None, filled)
+                    arrays: dict[str, np.ndarray] = {}
+                    batch = plan.run([], len(ids), slot, lambda cols: {}, None, filled,
+                                     arrays=arrays)
+                    return batch, None if digest is None else digest(batch, arrays)
                 note("index_unstaged", f"a list column's width differs between row groups; "
                                        f"batch of samples {ids[:4].tolist()}... read by pyarrow")
             finally:
                 self._ring.release(slot)
-        return super().fetch(ids, epoch, seed)
+        return super().fetch_digested(ids, epoch, seed, digest)
 
     # -- reading --------------------------------------------------------------------------
     def _empty(self, columns: list[str]) -> pa.Table:
