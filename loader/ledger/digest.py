@@ -46,6 +46,7 @@ _NUMPY_OK = frozenset((torch.bool, torch.uint8, torch.int8, torch.int16, torch.i
 # the tensor dtype torch.from_numpy gives each NumPy dtype, for array_digest's seed
 _TORCH_OF = {np.dtype(torch.empty(0, dtype=d).numpy().dtype): d for d in _NUMPY_OK}
 _ARRAY_SEEDS: dict[tuple[np.dtype, tuple[int, ...]], int] = {}
+_xxh3 = xxhash.xxh3_64_intdigest
 
 
 def _header_seed(kind: str, dtype: Any, shape: tuple[int, ...]) -> int:
@@ -148,13 +149,30 @@ def batch_digests(batch: Any, columns: Sequence[str],
     with :func:`array_digest`; the digests are the same as without them.
     """
     if arrays and type(batch) is dict and "batch" not in columns:  # the fast path's, kept cheap
-        return [_column_digest(batch, name, arrays) for name in columns]
+        return _array_digests(batch, columns, arrays)
     if list(columns) == ["batch"] and not (isinstance(batch, Mapping) and "batch" in batch):
         return [value_digest(batch)]
     if not isinstance(batch, Mapping):
         raise TypeError(f"content digests: expected a dict batch with columns {list(columns)}, "
                         f"got {type(batch).__name__}")
     return [value_digest(batch[name], batch.get(f"{name}_lengths")) for name in columns]
+
+
+def _array_digests(batch: dict[str, Any], columns: Sequence[str],
+                   arrays: Mapping[str, np.ndarray]) -> list[int]:
+    """:func:`batch_digests` with ``arrays``. Per column, the common case (an array whose
+    seed is cached, no ``_lengths``) is inlined: a function call costs as much as hashing
+    10 KB here, and a W1 batch's four columns are hashed in ~7 us."""
+    out = []
+    for name in columns:
+        a = arrays.get(name)
+        seed = None if a is None or name + "_lengths" in batch \
+            else _ARRAY_SEEDS.get((a.dtype, a.shape))
+        if seed is not None and a.size and a.flags.c_contiguous:
+            out.append(_xxh3(a, seed))
+        else:
+            out.append(_column_digest(batch, name, arrays))
+    return out
 
 
 def _column_digest(batch: Mapping[str, Any], name: str, arrays: Mapping[str, np.ndarray]) -> int:
