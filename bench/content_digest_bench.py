@@ -2,16 +2,18 @@
 
     .venv/bin/python bench/content_digest_bench.py [--rows 400000] [--repeats 5] [--workers 0]
 
-Same process, same dataset, alternating runs: W1 (see bench/loader_bench.py: batch 1024,
-features [B,64] f32, categoricals [B,8] i64, seq [B,16] f32, label) read for one warm epoch
-(a) with a ledger without content digests (the baseline: ids and timings only) and (b) with
-a ledger with content digests (the default). Reported: median samples/s of each and the
-slowdown, the share of the epoch's wall time spent inside the digests (timed around each
-call: robust to the run-to-run noise of a shared machine) and their median per batch; the
-digest's own cost on one hot W1 batch three ways (from the tensors as the audit does, from
-the arrays behind them as the fast path does, and the bare xxh3 pass: the floor); and
-whether handing the xxh3 pass to a helper thread, to overlap it with GIL-free work on the
-other core, pays for the hand-off.
+Same process, same dataset, one warm loader per variant, epochs back to back in alternating
+order: W1 (see bench/loader_bench.py: batch 1024, features [B,64] f32, categoricals [B,8] i64,
+seq [B,16] f32, label) read (a) with a ledger without content digests (the baseline: ids and
+timings only), (b) with digests computed from the batch's tensors (the way before the fast
+path digested its own arrays) and (c) from the fast path's arrays (the default). Reported:
+median samples/s of each, the median of the per-repeat slowdowns against (a), the share of
+the epoch's wall time spent inside the digests (timed around each call: robust to the
+run-to-run noise of a shared machine) and their median per batch; the digest's own cost on
+one hot W1 batch three ways (from the tensors as the audit does, from the arrays behind them
+as the fast path does, and the bare xxh3 pass: the floor); and whether handing the xxh3 pass
+to a helper thread, to overlap it with GIL-free work on the other core, pays for the
+hand-off.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import tempfile
 import time
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -30,16 +33,45 @@ import loader_bench as lb  # noqa: E402 - W1's data
 FEATURES, CATS, BATCH = lb.FEATURES, lb.CATS, lb.W1_BATCH
 
 
-def epoch(path: Path, ledger: Path, content: bool, workers: int) -> tuple[float, float, float]:
-    """(samples/s, share of the epoch's wall time spent in the digests, median us per batch
-    in them) of one epoch after a warm-up epoch (records built, pages warm). The share is
-    timed inside the loader, around every ``batch_digests`` call, so it does not depend on
-    run-to-run noise."""
-    import stoker.loader.epoch_iter as epoch_iter
+VARIANTS = ("no digests", "digests from tensors", "digests from arrays")
+
+
+def loaders(path: Path, tmp: Path, workers: int) -> dict[str, Any]:
+    """One warm loader per variant (records built, pages warm): a ledger without content
+    digests (the baseline: ids and timings only); with them computed from the batch's tensors
+    after the source returned it (the audit's way, and the loader's before the fast path
+    digested its own arrays); with them from the fast path's arrays (the default now)."""
     from stoker.loader import DataLoader, LedgerOptions, ReadOptions
+
+    out = {}
+    for i, name in enumerate(VARIANTS):
+        dl = DataLoader(path, batch_size=BATCH, shuffle=True, seed=0, num_workers=workers,
+                        columns=["seq", "label"],
+                        read=ReadOptions(features=FEATURES, categoricals=CATS),
+                        ledger=LedgerOptions(tmp / f"{i}.ledger", content=i > 0))
+        out[name] = dl
+        epoch(dl, name)
+    return out
+
+
+def _from_tensors(self, ids, epoch, seed):  # type: ignore[no-untyped-def]
+    """``BatchTask.fetch`` as it was before the fast path digested its own arrays."""
+    import stoker.loader.epoch_iter as epoch_iter
+
+    batch = self.source.fetch(ids, epoch, seed)
+    return batch, epoch_iter.batch_digests(batch, self.content)
+
+
+def epoch(dl: Any, variant: str) -> tuple[float, float, float, list[float]]:
+    """(samples/s, seconds, CPU seconds of this process, seconds spent in each
+    ``batch_digests`` call) of one epoch. The digests are timed inside the loader, around
+    every call, so their share does not depend on run-to-run noise; nor does the process's
+    CPU time much (other processes' bursts take cores away, not CPU time)."""
+    import stoker.loader.epoch_iter as epoch_iter
 
     spent: list[float] = []
     real = epoch_iter.batch_digests  # also what the fast path calls back (fetch_digested)
+    fetch = epoch_iter.BatchTask.fetch
 
     def timed(*args):  # type: ignore[no-untyped-def]
         t = time.perf_counter()
@@ -48,21 +80,16 @@ def epoch(path: Path, ledger: Path, content: bool, workers: int) -> tuple[float,
         return out
 
     epoch_iter.batch_digests = timed
+    if variant == "digests from tensors":
+        epoch_iter.BatchTask.fetch = _from_tensors  # type: ignore[method-assign]
     try:
-        dl = DataLoader(path, batch_size=BATCH, shuffle=True, seed=0, num_workers=workers,
-                        columns=["seq", "label"],
-                        read=ReadOptions(features=FEATURES, categoricals=CATS),
-                        ledger=LedgerOptions(ledger, content=content))
-        for _ in dl:
-            pass
-        spent.clear()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         n = sum(len(b["label"]) for b in dl)
-        dt = time.perf_counter() - t0
-        dl.close()
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     finally:
         epoch_iter.batch_digests = real
-    return n / dt, sum(spent) / dt, statistics.median(spent) * 1e6 if spent else 0.0
+        epoch_iter.BatchTask.fetch = fetch  # type: ignore[method-assign]
+    return n / dt, dt, cpu, spent
 
 
 def _hot_batch(path: Path) -> dict:
@@ -152,6 +179,14 @@ def helper_thread(batch: dict) -> dict[str, float]:
     return {name: statistics.median(v) for name, v in runs.items()}
 
 
+def _paired(base: list[float], other: list[float], rates: bool) -> str:
+    """Median (and quartiles) of the per-repeat slowdowns of ``other`` against ``base``
+    (samples/s when ``rates``, else seconds)."""
+    runs = sorted(100 * (1 - o / b) if rates else 100 * (o / b - 1) for b, o in zip(base, other))
+    return (f"{statistics.median(runs):+.1f} % ({runs[len(runs) // 4]:+.1f} .. "
+            f"{runs[(3 * len(runs)) // 4]:+.1f})")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=400_000)
@@ -160,30 +195,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/stoker-content-bench"))
     args = ap.parse_args(argv)
     path = lb.build_w1(args.workdir, args.rows) / "stoker"
+    rates: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    cpus: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    shares: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    per_batch: dict[str, list[float]] = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
-        runs: dict[bool, list[float]] = {False: [], True: []}
-        shares: list[float] = []
-        per_batch: list[float] = []
-        for r in range(args.repeats):
-            for content in ((False, True) if r % 2 == 0 else (True, False)):
-                rate, share, us = epoch(path, Path(tmp) / f"{r}-{content}.ledger", content,
-                                        args.workers)
-                runs[content].append(rate)
-                if content:
-                    shares.append(share)
-                    per_batch.append(us)
-    base, with_digest = statistics.median(runs[False]), statistics.median(runs[True])
+        dls = loaders(path, Path(tmp), args.workers)
+        for r in range(args.repeats):  # back to back, order alternating
+            for name in (VARIANTS if r % 2 == 0 else VARIANTS[::-1]):
+                rate, seconds, cpu, spent = epoch(dls[name], name)
+                rates[name].append(rate)
+                cpus[name].append(cpu)
+                shares[name].append(sum(spent) / seconds)
+                per_batch[name] += spent
+        for dl in dls.values():
+            dl.close()
     batch = _hot_batch(path)
     speed = digest_speed(batch)
     handoff = helper_thread(batch)
     nbytes = sum(v.numel() * v.element_size() for v in batch.values())
     print(f"W1 {args.rows} rows, batch {BATCH}, workers {args.workers}, {args.repeats} repeats")
-    print(f"ledger without content digests  median {base:,.0f} samples/s")
-    print(f"ledger with content digests     median {with_digest:,.0f} samples/s "
-          f"({100 * (1 - with_digest / base):+.1f} %)")
-    print(f"time inside the digests: median {100 * statistics.median(shares):.1f} % of the "
-          f"epoch (runs: {', '.join(f'{100 * s:.1f}' for s in shares)}), "
-          f"median {statistics.median(per_batch):.1f} us per batch")
+    for name in VARIANTS:
+        # each repeat runs every variant back to back: the median of the per-repeat
+        # slowdowns cancels the slow drifts of a shared machine that a ratio of medians keeps
+        line = (f"{name:21s} median {statistics.median(rates[name]):>10,.0f} samples/s, "
+                f"{statistics.median(cpus[name]):.3f} CPU s per epoch")
+        if name != VARIANTS[0]:
+            line += (f"; slowdown {_paired(rates[VARIANTS[0]], rates[name], True)} wall, "
+                     f"{_paired(cpus[VARIANTS[0]], cpus[name], False)} CPU; in the digests "
+                     f"{100 * statistics.median(shares[name]):.1f} % of the epoch, median "
+                     f"{statistics.median(per_batch[name]) * 1e6:.1f} us per batch")
+        print(line)
     print(f"one hot W1 batch ({nbytes / 1e3:.0f} KB), median us: "
           + ", ".join(f"{k} {v:.1f}" for k, v in speed.items())
           + f" ({nbytes / speed['xxh3 alone'] / 1e3:.0f} GB/s)")
