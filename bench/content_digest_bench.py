@@ -5,15 +5,17 @@
 Same process, same dataset, one warm loader per variant, epochs back to back in alternating
 order: W1 (see bench/loader_bench.py: batch 1024, features [B,64] f32, categoricals [B,8] i64,
 seq [B,16] f32, label) read (a) with a ledger without content digests (the baseline: ids and
-timings only), (b) with digests computed from the batch's tensors (the way before the fast
-path digested its own arrays) and (c) from the fast path's arrays (the default). Reported:
-median samples/s of each, the median of the per-repeat slowdowns against (a), the share of
-the epoch's wall time spent inside the digests (timed around each call: robust to the
-run-to-run noise of a shared machine) and their median per batch; the digest's own cost on
-one hot W1 batch three ways (from the tensors as the audit does, from the arrays behind them
-as the fast path does, and the bare xxh3 pass: the floor); and whether handing the xxh3 pass
-to a helper thread, to overlap it with GIL-free work on the other core, pays for the
-hand-off.
+timings only; a second such loader is the control: how far two identical loaders differ
+here), (b) with digests computed from the batch's tensors (the way before the fast path
+digested its own arrays) and (c) from the fast path's arrays (the default).
+
+Reported: median samples/s and CPU seconds per epoch of each, the median (and quartiles) of
+the per-repeat slowdowns against (a), the share of the epoch's wall time spent inside the
+digests (timed around each call: robust to the run-to-run noise of a shared machine) and
+their median per batch; the digest's own cost on one hot W1 batch three ways (from the
+tensors as the audit does, from the arrays behind them as the fast path does, and the bare
+xxh3 pass: the floor); and whether handing the xxh3 pass to a helper thread, to overlap it
+with GIL-free work on the other core, pays for the hand-off.
 """
 
 from __future__ import annotations
@@ -34,14 +36,16 @@ import loader_bench as lb  # noqa: E402 - W1's data
 FEATURES, CATS, BATCH = lb.FEATURES, lb.CATS, lb.W1_BATCH
 
 
-VARIANTS = ("no digests", "digests from tensors", "digests from arrays")
+# a second loader without digests is the control: how far two identical loaders differ here
+VARIANTS = ("no digests", "no digests (control)", "digests from tensors", "digests from arrays")
 
 
 def loaders(path: Path, tmp: Path, workers: int) -> dict[str, Any]:
     """One warm loader per variant (records built, pages warm): a ledger without content
-    digests (the baseline: ids and timings only); with them computed from the batch's tensors
-    after the source returned it (the audit's way, and the loader's before the fast path
-    digested its own arrays); with them from the fast path's arrays (the default now)."""
+    digests (the baseline: ids and timings only; twice, the second as a control); with them
+    computed from the batch's tensors after the source returned it (the audit's way, and the
+    loader's before the fast path digested its own arrays); with them from the fast path's
+    arrays (the default now)."""
     from stoker.loader import DataLoader, LedgerOptions, ReadOptions
 
     out = {}
@@ -49,7 +53,7 @@ def loaders(path: Path, tmp: Path, workers: int) -> dict[str, Any]:
         dl = DataLoader(path, batch_size=BATCH, shuffle=True, seed=0, num_workers=workers,
                         columns=["seq", "label"],
                         read=ReadOptions(features=FEATURES, categoricals=CATS),
-                        ledger=LedgerOptions(tmp / f"{i}.ledger", content=i > 0))
+                        ledger=LedgerOptions(tmp / f"{i}.ledger", content="from" in name))
         if name == "digests from tensors":  # this loader's task only (bench-only patch)
             dl._task.fetch = types.MethodType(_from_tensors, dl._task)
         out[name] = dl
@@ -221,9 +225,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{statistics.median(cpus[name]):.3f} CPU s per epoch")
         if name != VARIANTS[0]:
             line += (f"; slowdown {_paired(rates[VARIANTS[0]], rates[name], True)} wall, "
-                     f"{_paired(cpus[VARIANTS[0]], cpus[name], False)} CPU; in the digests "
-                     f"{100 * statistics.median(shares[name]):.1f} % of the epoch, median "
-                     f"{statistics.median(per_batch[name]) * 1e6:.1f} us per batch")
+                     f"{_paired(cpus[VARIANTS[0]], cpus[name], False)} CPU")
+        if per_batch[name]:
+            line += (f"; in the digests {100 * statistics.median(shares[name]):.1f} % of the "
+                     f"epoch, median {statistics.median(per_batch[name]) * 1e6:.1f} us per batch")
         print(line)
     print(f"one hot W1 batch ({nbytes / 1e3:.0f} KB), median us: "
           + ", ".join(f"{k} {v:.1f}" for k, v in speed.items())
