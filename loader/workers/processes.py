@@ -28,7 +28,7 @@ from stoker.loader.jit import fork_gate
 from stoker.loader.jit.kernel import materialize
 from stoker.loader.workers.failure import WorkerFailure
 from stoker.loader.workers.info import WorkerContext
-from stoker.loader.workers.transport import dumps
+from stoker.loader.workers.transport import IN_FLIGHT, Ring, dumps
 from stoker.loader.workers.pool import (INIT, Task, WorkerPool, WorkerSetup, batch_name,
                                    drop_stale, first_ready, late, run_init, run_task)
 
@@ -37,14 +37,14 @@ __all__ = ["ProcessPool"]
 log = logging.getLogger("stoker.loader")
 
 _POLL = 0.05
-_PER_WORKER = 2  # batches handed to one worker process at a time
+_PER_WORKER = IN_FLIGHT  # batches handed to one worker process at a time (its ring's slots)
 _MAX_TRIES = 3  # workers that may die on one batch before it is an error
 _WATCH = 5.0  # seconds between a waiting worker's checks that its consumer is alive
 _FORK_WAIT = 60.0  # longest a fork waits for stoker's background threads (fork_gate)
 
 
 def _process_main(fn: Task, tasks: Any, results: Any, context: WorkerContext,
-                  init: Any) -> None:
+                  init: Any, ring: Ring | None = None) -> None:
     context.enter()
     where = f"worker process {context.id} (pid {os.getpid()})"
     failure = run_init(context, init, where, local=False)
@@ -64,7 +64,8 @@ def _process_main(fn: Task, tasks: Any, results: Any, context: WorkerContext,
         if item is None:
             return
         seq, payload = item
-        results.send_bytes(dumps((seq, run_task(fn, payload, where, local=False))))
+        done = (seq, run_task(fn, payload, where, local=False))
+        results.send_bytes(dumps(done) if ring is None else ring.put(done))
 
 
 # Imported by stoker's background threads on first use (NumPy imports these lazily), with
@@ -89,18 +90,20 @@ class _Proc:
     corrupt nothing but its own pipes, which are thrown away with it.
     """
 
-    __slots__ = ("index", "process", "results", "taken", "tasks")
+    __slots__ = ("index", "process", "results", "ring", "taken", "tasks")
 
     def __init__(self, ctx: Any, index: int, fn: Task, setup: WorkerSetup) -> None:
         task_r, self.tasks = ctx.Pipe(duplex=False)
         self.results, result_w = ctx.Pipe(duplex=False)
+        fork = ctx.get_start_method() == "fork"
+        self.ring = Ring() if fork else None  # made before the fork: the child shares it
         self.index = index
         self.taken: dict[Any, Any] = {}  # seq -> payload sent to this worker, not yet answered
         self.process = ctx.Process(target=_process_main, name=f"stoker-worker-{index}",
                                    daemon=True, args=(fn, task_r, result_w,
                                                       setup.context(index, "process"),
-                                                      setup.init))
-        if ctx.get_start_method() == "fork":
+                                                      setup.init, self.ring))
+        if fork:
             _settle_imports()
             with fork_gate.quiet(_FORK_WAIT) as calm:
                 self.process.start()
@@ -128,6 +131,8 @@ class _Proc:
         for conn in (self.tasks, self.results):
             conn.close()
         p.close()  # its sentinel pipes now, not whenever the Process object is collected
+        if self.ring is not None:
+            self.ring.close()
 
 
 def _context(mp_context: Any) -> Any:
@@ -214,7 +219,7 @@ class ProcessPool(WorkerPool):
     def _receive(self, w: _Proc, current: Any, deadline: float | None) -> None:
         """Read one result of ``w`` (data or EOF is ready)."""
         try:
-            key, value = _loads(w.results.recv_bytes(), deadline,
+            key, value = _loads(w.results.recv_bytes(), w.ring, deadline,
                                 late(current, self._timeout) + " (a worker stopped while "
                                 "handing over a batch)")
         except LoaderTimeoutError:
@@ -320,20 +325,21 @@ def _remove_shm_of(pid: int | None) -> None:
                 pass
 
 
-def _loads(raw: bytes, deadline: float | None, message: str) -> Any:
+def _loads(raw: bytes, ring: Ring | None, deadline: float | None, message: str) -> Any:
     """Unpickle a worker's result, within ``deadline`` when one is set.
 
     Rebuilding a shared-memory tensor asks the sending worker for its file descriptor; a
     stopped (SIGSTOP) or hung sender would block that forever, so with a ``timeout`` the
     rebuild runs in a helper thread the consumer stops waiting for.
     """
+    loads = ForkingPickler.loads if ring is None else ring.loads
     if deadline is None:
-        return ForkingPickler.loads(raw)
+        return loads(raw)
     box: list[Any] = []
 
     def load() -> None:
         try:
-            box.append((True, ForkingPickler.loads(raw)))
+            box.append((True, loads(raw)))
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer below
             box.append((False, exc))
 

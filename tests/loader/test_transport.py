@@ -1,6 +1,7 @@
-"""A worker process's batch crosses the pipe as tensor bytes (stoker.loader.workers.transport):
-the consumer gets the same dtypes, shapes and bytes, and what cannot go as bytes keeps torch's
-own reduction."""
+"""A worker process's batch crosses as tensor bytes (stoker.loader.workers.transport), through
+the pipe or a shared-memory ring: the consumer gets the same dtypes, shapes and bytes in new
+tensors of its own, what cannot go as bytes keeps torch's own reduction, and a ring slot
+overwritten before it was read is an error, never a wrong batch."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 import torch.multiprocessing  # noqa: F401 - registers torch's reductions on ForkingPickler
 
-from stoker.loader.workers.transport import BY_BYTES_MAX, dumps
+from stoker.loader.workers.transport import BY_BYTES_MAX, SLOT_BYTES, Ring, RingError, dumps
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -62,3 +63,59 @@ def test_plain_tensors_travel_as_bytes_and_the_rest_as_torch_shares_them() -> No
 def test_every_numpy_dtype_keeps_its_dtype(dtype: torch.dtype) -> None:
     t = torch.arange(12).reshape(3, 4).to(dtype)
     assert _same(ForkingPickler.loads(dumps(t)), t)
+
+
+@pytest.fixture
+def ring():
+    r = Ring(slots=3, slot_bytes=1 << 20)
+    yield r
+    r.close()
+
+
+def _check_batch(back: dict) -> None:
+    for key in ("features", "categoricals", "flags", "half", "scalar"):
+        assert _same(back[key], BATCH[key]), key
+    assert _same(back["pairs"][0], BATCH["pairs"][0])
+    assert _same(back["pairs"][1][0], BATCH["pairs"][1][0])
+
+
+def test_a_batch_round_trips_through_the_ring_byte_for_byte(ring: Ring) -> None:
+    raw = ring.put(BATCH)
+    assert raw[:1] == b"R" and len(raw) < 256  # a slot reference, not the data
+    back = ring.loads(raw)
+    _check_batch(back)
+    ring.put({"other": torch.full((4096,), 7.0)})  # the next slots are written again ...
+    ring.put({"other": torch.full((4096,), 8.0)})
+    ring.put({"other": torch.full((4096,), 9.0)})  # ... this one reuses the first slot
+    _check_batch(back)  # the consumer's tensors own their bytes: the slot is free once read
+    back["features"][0, 0] = 5.0
+    assert BATCH["features"][0, 0] == 1.5
+
+
+def test_the_ring_keeps_large_plain_tensors_as_bytes_and_odd_ones_as_torch_shares_them(
+) -> None:
+    ring = Ring(slots=3, slot_bytes=4 << 20)
+    big = torch.arange(BY_BYTES_MAX // 8 + 100, dtype=torch.int64)  # over the pipe's limit
+    strided = torch.ones(1 << 12)[::2]
+    back = ring.loads(ring.put({"big": big, "strided": strided}))
+    ring.close()
+    assert _same(back["big"], big) and not back["big"].is_shared()
+    assert torch.equal(back["strided"], strided)
+
+
+def test_what_does_not_fit_a_slot_goes_through_the_pipe(ring: Ring) -> None:
+    huge = {"names": [bytes([i % 251]) * 1000 + str(i).encode() for i in range(2000)],
+            "x": torch.ones(3)}  # 2 MB of distinct bytes, pickled in band: over a slot
+    raw = ring.put(huge)
+    assert raw[:1] != b"R"
+    back = ring.loads(raw)
+    assert back["names"] == huge["names"] and torch.equal(back["x"], huge["x"])
+    assert SLOT_BYTES >= 256 * 64 * 64 * 3  # the default slot holds a W2 batch of pixels
+
+
+def test_a_slot_overwritten_before_it_was_read_is_an_error(ring: Ring) -> None:
+    first = ring.put({"x": torch.zeros(8)})
+    for value in range(3):  # three more puts: the first slot holds the fourth batch now
+        ring.put({"x": torch.full((8,), float(value))})
+    with pytest.raises(RingError, match="overwritten before it was read"):
+        ring.loads(first)
