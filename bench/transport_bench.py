@@ -1,0 +1,99 @@
+"""How fast a worker process hands batches to the consumer: the pipe vs the shared-memory ring.
+
+Run (the command behind bench/RESULTS.md, "Worker hand-over"):
+
+    .venv/bin/python bench/transport_bench.py --batches 3000 --repeats 5
+
+A forked process sends the same batch over and over, at most
+:data:`~stoker.loader.workers.transport.IN_FLIGHT` unread at a time (as the process pool
+hands out work), once as stoker's pipe message (``dumps``, tensors as bytes) and once through
+a :class:`~stoker.loader.workers.transport.Ring`; the consumer rebuilds every batch. Reported:
+batches/s and the consumer's CPU per batch, medians over alternating repeats, for a W1 batch
+(1024 rows: features [1024, 64] f32, categoricals [1024, 8] i64, seq [1024, 16] f32, label) and
+a W2 batch (256 images 64x64x3 uint8, label).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+import torch.multiprocessing  # noqa: F401 - torch's reductions, as in the loader's workers
+from multiprocessing.reduction import ForkingPickler
+
+from stoker.loader.workers.transport import IN_FLIGHT, Ring, dumps
+
+
+def w1() -> dict[str, torch.Tensor]:
+    return {"features": torch.rand(1024, 64), "categoricals": torch.randint(0, 9, (1024, 8)),
+            "seq": torch.rand(1024, 16), "label": torch.arange(1024)}
+
+
+def w2() -> dict[str, torch.Tensor]:
+    return {"image": torch.randint(0, 255, (256, 64, 64, 3), dtype=torch.uint8),
+            "label": torch.arange(256)}
+
+
+def _send(conn: Any, ring: Ring | None, credit: Any, done: Any, make: Callable[[], Any],
+          n: int) -> None:
+    batch = make()
+    for i in range(n):
+        credit.acquire()
+        conn.send_bytes(dumps((i, batch)) if ring is None else ring.put((i, batch)))
+    conn.close()
+    done.wait()  # torch's shared tensors are fetched from this process: stay until read
+
+
+def run(make: Callable[[], Any], n: int, use_ring: bool) -> tuple[float, float]:
+    """(batches/s, consumer CPU us per batch) for one sender process."""
+    ctx = mp.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    ring = Ring() if use_ring else None
+    credit, done = ctx.Semaphore(IN_FLIGHT), ctx.Event()
+    sender = ctx.Process(target=_send, args=(send, ring, credit, done, make, n))
+    sender.start()
+    send.close()
+    loads = ForkingPickler.loads if ring is None else ring.loads
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(n):
+        loads(receive.recv_bytes())
+        credit.release()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    done.set()
+    sender.join()
+    if ring is not None:
+        ring.close()
+    return n / wall, cpu / n * 1e6
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batches", type=int, default=3000)
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args()
+    print(f"# {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+          f"load average {os.getloadavg()[0]:.1f}; medians of {args.repeats} alternating runs "
+          f"of {args.batches} batches")
+    print("| batch | pipe batches/s | ring batches/s | ratio | pipe consumer CPU | "
+          "ring consumer CPU |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, make in (("W1 (400 KB)", w1), ("W2 (3.1 MB)", w2)):
+        got: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+        for _ in range(args.repeats):
+            for use_ring in (False, True):
+                got[use_ring].append(run(make, args.batches, use_ring))
+        rate = {k: statistics.median(r for r, _ in v) for k, v in got.items()}
+        cpu = {k: statistics.median(c for _, c in v) for k, v in got.items()}
+        print(f"| {name} | {rate[False]:,.0f} | {rate[True]:,.0f} | "
+              f"{rate[True] / rate[False]:.1f}x | {cpu[False]:.0f} us | {cpu[True]:.0f} us |")
+    print(f"# load average at the end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
