@@ -22,6 +22,7 @@ from stoker.loader.order.epoch import OrderOptions
 from stoker.loader.order.mixture import Mixture
 from stoker.loader.read.arrow import ArrowSource
 from stoker.loader.read.mixture import MixtureSource, check_columns, is_mixture
+from stoker.loader.read.mixture_budget import split_cache_limit
 from stoker.loader.read.order_plan import OrderPlan, plan_order, record_stride
 from stoker.loader.read.torch_dataset import TorchSource
 from stoker.manifest import Manifest, ManifestError, redact_url
@@ -110,10 +111,11 @@ def _open_stoker(dataset: Any, setup: SourceSetup) -> Opened:
         location = repr(mixture) if isinstance(dataset, Mixture) else os.fspath(dataset)
         check_columns(mixture, setup.columns, read.features, read.categoricals, read.image)
         plans: list[OrderPlan] = []
+        shares = _cache_shares(mixture, setup)
 
         def reader(manifest: Manifest) -> tuple[Any, Any]:
             plans.append(_plan_order(manifest, setup))
-            return _reader(manifest, setup, None)
+            return _reader(manifest, setup, None, shares.get(id(manifest)))
 
         source = MixtureSource(mixture, reader, pin=setup.pin, ring_depth=setup.ring_depth)
         # one order for every source: the options of the source (or shared reader) with the
@@ -133,11 +135,30 @@ def _cached(manifest: Manifest, setup: SourceSetup) -> bool:
     return setup.options.cache.dir is not None or is_remote(manifest.root)
 
 
-def _reader(manifest: Manifest, setup: SourceSetup,
-            plan: OrderPlan | None) -> tuple[Any, Any]:
+def _cache_shares(mixture: Mixture, setup: SourceSetup) -> dict[int, int]:
+    """``id(manifest)`` -> that cached source's share of the cache limit
+    (stoker.loader.read.mixture_budget), for a mixture with two or more cached sources and a
+    limit; the working sets are taken at the partitions the mixture's order will use (the
+    fewest any source's own plan chose)."""
+    limit = setup.options.cache.limit
+    cached = [(n, m) for n, m in zip(mixture.names, mixture.manifests) if _cached(m, setup)]
+    if limit is None or len(cached) < 2:
+        return {}
+    partitions = min(_plan_order(m, setup).options.partitions for m in mixture.manifests)
+    needs = [_plan_order(m, setup, partitions).working_set.shard_bytes for _, m in cached]
+    sizes = [int(m.shard_bytes.sum()) for _, m in cached]
+    shares = split_cache_limit(int(limit), needs, sizes, [n for n, _ in cached])
+    return {id(m): share for (_, m), share in zip(cached, shares)}
+
+
+def _reader(manifest: Manifest, setup: SourceSetup, plan: OrderPlan | None,
+            limit: int | None = None) -> tuple[Any, Any]:
     """The reader of one stoker dataset and its shard cache (``None`` when local); ``plan``
-    is ``None`` for a mixture's sources."""
+    is ``None`` for a mixture's sources, ``limit`` a mixture source's share of the cache
+    limit (``None``: the whole limit)."""
     read, cache_opts = setup.options.read, setup.options.cache
+    if limit is None:
+        limit = cache_opts.limit
     if setup.service is not None:  # batches come from `stoker serve`: no shard is opened
         from stoker.loader.service.source import ServiceSource
 
@@ -150,9 +171,9 @@ def _reader(manifest: Manifest, setup: SourceSetup,
 
         max_open = pin_bound(manifest, setup.options.order.partitions
                              or OrderOptions().partitions, setup.world_size,
-                             setup.num_workers, cache_opts.limit) \
+                             setup.num_workers, limit) \
             if plan is None else _pins(manifest, plan, setup)
-        cache, opener = open_cache(manifest, cache_opts.dir, cache_opts.limit,
+        cache, opener = open_cache(manifest, cache_opts.dir, limit,
                                    cache_opts.storage_options, max_open,
                                    cache_opts.shard_cache_kwargs())
     elif manifest.kind == "arrow":
@@ -174,13 +195,15 @@ def _reader(manifest: Manifest, setup: SourceSetup,
     return source, cache
 
 
-def _plan_order(manifest: Manifest, setup: SourceSetup) -> OrderPlan:
+def _plan_order(manifest: Manifest, setup: SourceSetup,
+                partitions: int | None = None) -> OrderPlan:
     """Order options of a stoker dataset, checked against the node's budgets
-    (stoker.loader.read.order_plan); independent of the world size."""
+    (stoker.loader.read.order_plan); independent of the world size. ``partitions``
+    overrides the options' (a mixture's sources at the mixture's partitions)."""
     opts, read = setup.options, setup.options.read
     processes = setup.worker_mode == "process" and setup.num_workers
     return plan_order(
-        manifest, shuffle=opts.shuffle, partitions=opts.order.partitions,
+        manifest, shuffle=opts.shuffle, partitions=partitions or opts.order.partitions,
         block_size=opts.order.block_size, partition_mode=opts.order.partition_mode,
         batch_size=setup.batch_size, world_size=setup.world_size,
         stride=record_stride(manifest, setup.columns, read.features, read.categoricals,

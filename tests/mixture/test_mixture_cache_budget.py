@@ -1,0 +1,105 @@
+"""A mixture keeps to one node cache budget (stoker.loader.read.mixture_budget): each cached
+source gets a share of ``CacheOptions(limit=...)`` (its working set first, the rest in
+proportion to what it lacks to hold all its shards), the cache directory never holds more
+than the limit, and working sets that cannot all fit are refused at construction.
+
+Before (6ad937e), every remote source's cache was given the whole limit: two sources could
+fill twice the disk the user allowed, and a limit too small for both working sets passed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from cache_disk import disk_use
+from hypothesis import strategies as st
+from mixture_helpers import expected, make_source, pairs
+
+from stoker.loader import CacheOptions, DataLoader, ShuffleOptions
+from stoker.loader.order.epoch import OrderOptions
+from stoker.loader.order.mixture import Mixture
+from stoker.loader.order.working_set import working_set
+from stoker.loader.read.mixture_budget import split_cache_limit
+from stoker.loader.read.order_plan import WorkingSetError
+
+SHUFFLE = ShuffleOptions(partitions=2, block_size=16)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 10**12), st.integers(0, 10**12)), min_size=1,
+                max_size=6),
+       st.integers(1, 6 * 10**12))
+def test_the_shares_keep_to_the_limit_and_give_every_source_its_working_set(
+        sources: list[tuple[int, int]], limit: int) -> None:
+    needs = [n for n, _ in sources]
+    sizes = [s for _, s in sources]
+    names = [f"s{i}" for i in range(len(sources))]
+    if sum(needs) > limit:
+        with pytest.raises(WorkingSetError) as info:
+            split_cache_limit(limit, needs, sizes, names)
+        assert all(f"s{i}: {n} B" in str(info.value) for i, n in enumerate(needs))
+        assert f"at least {sum(needs)} B" in str(info.value)
+        return
+    shares = split_cache_limit(limit, needs, sizes, names)
+    assert sum(shares) <= limit
+    assert all(need <= share <= max(need, size)
+               for share, need, size in zip(shares, needs, sizes))
+    if sum(max(n, s) for n, s in sources) <= limit:  # room for everything: all kept whole
+        assert shares == [max(n, s) for n, s in sources]
+    else:  # the budget is used up to rounding (one byte per source)
+        assert limit - sum(shares) < len(sources)
+
+
+def test_what_is_left_goes_in_proportion_to_what_each_source_lacks() -> None:
+    # needs 10 and 20; lacking 90 and 30 to hold all shards; 60 left: 45 and 15 of it
+    assert split_cache_limit(90, [10, 20], [100, 50], ["a", "b"]) == [55, 35]
+
+
+def _committed(root: Path) -> int:
+    """Shard bytes committed in every dataset cache under ``root``, as the disk sees them."""
+    return sum(disk_use(d)[0] for d in root.iterdir() if d.is_dir())
+
+
+@pytest.fixture
+def remote_pair(nginx, tmp_path: Path):
+    """Two remote sources of 24 shards of 40 rows each (served by one nginx)."""
+    root = tmp_path / "served"
+    a = make_source(root / "a", [40] * 24, salt=3)
+    b = make_source(root / "b", [40] * 24, salt=4)
+    server = nginx(root)
+    sizes = [int(m.shard_bytes.sum()) for m in (a, b)]
+    return Mixture({"a": f"{server.url}/a", "b": f"{server.url}/b"}, {"a": 1, "b": 1}), sizes
+
+
+@pytest.mark.remote
+def test_two_remote_sources_share_one_limit(remote_pair, tmp_path: Path) -> None:
+    mix, sizes = remote_pair
+    limit = int(0.6 * sum(sizes))  # more than either source, less than both
+    cache = tmp_path / "cache"
+    dl = DataLoader(mix, batch_size=32, shuffle=SHUFFLE, seed=5,
+                    cache=CacheOptions(dir=cache, limit=limit))
+    caches = [c for c in dl._source._caches if c is not None]
+    assert len(caches) == 2 and sum(c.limit for c in caches) <= limit
+    got = []
+    for epoch in range(2):
+        dl.set_epoch(epoch)
+        got += pairs(dl)
+        assert _committed(cache) <= limit  # shards on disk, whatever each cache holds
+    dl.close()
+    assert got == expected(mix, 5, 0, 2 * mix.num_samples, dl.order_options)
+
+
+@pytest.mark.remote
+def test_working_sets_that_cannot_all_fit_are_refused_at_construction(remote_pair,
+                                                                     tmp_path: Path) -> None:
+    mix, _ = remote_pair
+    needs = [working_set(m.shard_rows, m.shard_bytes, OrderOptions(
+        partitions=SHUFFLE.partitions, block_size=SHUFFLE.block_size).resolve(m.shard_rows)
+    ).shard_bytes for m in mix.manifests]
+    too_small = max(needs) + min(needs) // 2  # holds either source's working set, not both
+    with pytest.raises(WorkingSetError, match=rf"a: {needs[0]} B, b: {needs[1]} B") as info:
+        DataLoader(mix, batch_size=32, shuffle=SHUFFLE, seed=5,
+                   cache=CacheOptions(dir=tmp_path / "cache", limit=too_small))
+    assert f"the cache limit is {too_small} B" in str(info.value)
+    assert f"at least {sum(needs)} B" in str(info.value)
