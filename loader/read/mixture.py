@@ -24,6 +24,7 @@ from stoker.loader.order.mixture import Mixture, MixtureError
 from stoker.loader.order.mixture_file import is_mixture_file
 from stoker.loader.order.mixture_kernel import source_of
 from stoker.loader.order.mixture_order import MixtureOrder, PassOrders
+from stoker.loader.read.mixture_future import mixture_clock
 from stoker.loader.read.mixture_union import union_manifest
 from stoker.loader.order.options import OrderOptions
 from stoker.loader.fastpath import warm
@@ -160,6 +161,13 @@ class MixtureSource:
             self._ring.release(slot)
         batch["source"] = torch.from_numpy(src)
         return batch
+
+    def cache_clock(self, order: MixtureOrder, plan: Any,
+                    step: int) -> Callable[[int], None] | None:
+        """Hand each source's shard cache its future from ``step`` on
+        (:mod:`stoker.loader.read.mixture_future`); ``None`` when no source has a cache of
+        its own (local sources, or one shared reader)."""
+        return None if self.union else mixture_clock(self._caches, order, plan, step)
 
     def close(self) -> None:
         """Close every source's reader and shard cache; idempotent."""

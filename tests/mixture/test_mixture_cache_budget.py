@@ -1,26 +1,34 @@
-"""A mixture keeps to one node cache budget (stoker.loader.read.mixture_budget): each cached
-source gets a share of ``CacheOptions(limit=...)`` (its working set first, the rest in
-proportion to what it lacks to hold all its shards), the cache directory never holds more
-than the limit, and working sets that cannot all fit are refused at construction.
+"""A mixture's remote sources behave like one dataset toward the node cache:
 
-Before (6ad937e), every remote source's cache was given the whole limit: two sources could
-fill twice the disk the user allowed, and a limit too small for both working sets passed."""
+- one budget (stoker.loader.read.mixture_budget): each cached source gets a share of
+  ``CacheOptions(limit=...)`` (its working set first, the rest in proportion to what it lacks
+  to hold all its shards), the cache directory never holds more than the limit, and working
+  sets that cannot all fit are refused at construction;
+- a future (stoker.loader.read.mixture_future): each source's cache is told every shard its
+  picks will read for the rest of the epoch, passes included, and where the reader is, so it
+  prefetches and evicts by the next use.
+
+Before (6ad937e), every remote source's cache was given the whole limit (two sources could
+fill twice the disk the user allowed; a limit too small for both working sets passed) and no
+future (no prefetching, eviction blind)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
-from hypothesis import given, settings
 from cache_disk import disk_use
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from mixture_helpers import expected, make_source, pairs
 
 from stoker.loader import CacheOptions, DataLoader, ShuffleOptions
-from stoker.loader.order.epoch import OrderOptions
+from stoker.loader.order.epoch import EpochOrder, OrderOptions
 from stoker.loader.order.mixture import Mixture
 from stoker.loader.order.working_set import working_set
 from stoker.loader.read.mixture_budget import split_cache_limit
+from stoker.loader.read.mixture_future import mixture_clock
 from stoker.loader.read.order_plan import WorkingSetError
 
 SHUFFLE = ShuffleOptions(partitions=2, block_size=16)
@@ -103,3 +111,61 @@ def test_working_sets_that_cannot_all_fit_are_refused_at_construction(remote_pai
                    cache=CacheOptions(dir=tmp_path / "cache", limit=too_small))
     assert f"the cache limit is {too_small} B" in str(info.value)
     assert f"at least {sum(needs)} B" in str(info.value)
+
+
+class _Recorder:
+    """What a shard cache is told: its future and its cursor (the real cache's two calls)."""
+
+    def __init__(self) -> None:
+        self.shards = self.spans = None
+        self.cursor: list[int] = []
+
+    def set_future(self, shards, spans) -> None:
+        self.shards, self.spans = np.asarray(shards), np.asarray(spans)
+
+    def advance_to(self, position: int) -> None:
+        self.cursor.append(position)
+
+
+@pytest.mark.parametrize("epoch,step", [(0, 0), (1, 3), (2, 11)])
+def test_each_source_cache_is_told_every_shard_its_picks_will_read(sources, epoch: int,
+                                                                   step: int) -> None:
+    # books (13 samples) is read over several passes per epoch: its future spans them all
+    mix = Mixture({n: str(p) for n, p in sources.items()}, {"web": 3, "code": 2, "books": 2})
+    dl = DataLoader(mix, batch_size=8, shuffle=ShuffleOptions(partitions=2, block_size=4),
+                    seed=7)
+    order = dl._source.epoch_order(7, epoch, dl.order_options)
+    plan = dl._plan
+    caches = [_Recorder() for _ in mix.names]
+    clock = mixture_clock(caches, order, plan, step)
+    base = epoch * mix.num_samples
+    src, pick = mix.blend.picks(base + plan.window(step)[0], base + mix.num_samples)
+    for i, (cache, m) in enumerate(zip(caches, mix.manifests)):
+        picks = pick[src == i]
+        size = mix.sizes[i]
+        starts = np.cumsum(m.shard_rows) - m.shard_rows
+        for j in picks.tolist():  # the shard holding pick j has a use whose span covers j
+            sample = EpochOrder(m.shard_rows, m.fingerprint, 7, j // size,
+                                order.options).ids(j % size, j % size + 1)[0]
+            shard = int(np.searchsorted(starts, sample, side="right") - 1)
+            covering = (cache.shards == shard) & (cache.spans[:, 0] <= j) & (j <= cache.spans[:, 1])
+            assert covering.any(), (mix.names[i], j, shard)
+        assert np.all(np.diff(cache.spans[:, 0]) >= 0)  # in the order they are needed
+        assert cache.cursor == [int(mix.blend.counts(base + plan.window(step)[0])[i])]
+    for s in range(step + 1, plan.steps_per_epoch + 1):  # the clock: each source's pick count
+        clock(s)
+        at = base + (plan.window(s)[0] if s < plan.steps_per_epoch else mix.num_samples)
+        assert [c.cursor[-1] for c in caches] == mix.blend.counts(at).tolist()
+    dl.close()
+
+
+@pytest.mark.remote
+def test_remote_sources_are_prefetched_from_their_future(remote_pair, tmp_path: Path) -> None:
+    mix, sizes = remote_pair
+    dl = DataLoader(mix, batch_size=32, shuffle=SHUFFLE, seed=5,
+                    cache=CacheOptions(dir=tmp_path / "cache", limit=int(0.6 * sum(sizes))))
+    got = pairs(dl)
+    stats = [c.stats() for c in dl._source._caches]
+    dl.close()
+    assert got == expected(mix, 5, 0, mix.num_samples, dl.order_options)
+    assert all(s.prefetches > 0 for s in stats), stats  # none before: no future was given
