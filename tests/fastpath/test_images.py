@@ -91,6 +91,17 @@ def test_identity_decode_equals_pillow_pixels(images: Path) -> None:
         assert np.abs(batch["jpg"][i].numpy().astype(int) - ref).max() <= 2
 
 
+@pytest.mark.parametrize("size", [(16, 16), (32, 40), (20, 24)])
+def test_identity_decode_of_other_sizes_equals_the_pyarrow_path(images: Path, size) -> None:
+    # images are 20 x 24: smaller and larger outputs are resampled, not decoded in place
+    # (a larger image does not fit the output; a smaller one fills only part of it)
+    m, ids = Manifest.load(images), np.array([3, 38, 17, 0])
+    opts = ImageOptions("jpg", size=size)
+    a = ArrowSource(m, image=opts).fetch(ids)
+    b = ArrowSource(m, image=opts, fast=False).fetch(ids)
+    assert a["jpg"].shape == (4, *size, 3) and torch.equal(a["jpg"], b["jpg"])
+
+
 @pytest.mark.parametrize("kw,match", [
     ({"size": (0, 4)}, "size"), ({"crop": (0.5, 0.2)}, "crop"), ({"output": "int8"}, "output"),
     ({"normalize": ((0, 0, 0), (1, 1, 1))}, "normalize needs output='float32'"),
