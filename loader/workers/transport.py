@@ -37,6 +37,8 @@ import numpy as np
 import torch
 from multiprocessing.reduction import ForkingPickler
 
+from stoker.loader.errors import LoaderError
+
 __all__ = ["BY_BYTES_MAX", "IN_FLIGHT", "Ring", "RingError", "dumps"]
 
 BY_BYTES_MAX = 1 << 20  # bytes; above it, sharing the storage beats copying it twice
@@ -47,8 +49,9 @@ _REF = b"R"  # a slot reference (a pickle starts with its PROTO opcode, 0x80)
 _HEAD = struct.Struct("<QQ")  # slot header: stamp, number of buffers
 
 
-class RingError(RuntimeError):
-    """A ring slot was overwritten before the consumer read it: a bug in the hand-over."""
+class RingError(LoaderError):
+    """A ring slot was overwritten before the consumer read it: a bug in the hand-over
+    (not a ``RuntimeError``: the pool reads those as a dead worker and would restart it)."""
 
 _BY_BYTES = {torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
              torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128}
