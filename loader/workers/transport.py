@@ -145,6 +145,10 @@ class Ring:
         return ForkingPickler.loads(parts[0].tobytes(), buffers=parts[1:])
 
     def close(self) -> None:
-        """Unmap the slots (the consumer, when the worker is gone)."""
-        del self._view
-        self._map.close()
+        """Unmap the slots (the consumer, when the worker is gone), or, while something still
+        views them (a frame kept by an exception's traceback), when that view is collected."""
+        self._view = None
+        try:
+            self._map.close()
+        except BufferError:  # exported: the mapping goes with its last view, nothing is lost
+            return
