@@ -10,8 +10,9 @@ at the epoch's end minus those at the current step), and its clock is its pick c
 step, kept incrementally from the blend's picks of the steps in between (one blend window per
 step, no restart).
 
-All ranks' picks count: a rank's own are a subset, so its cache sees a superset of its uses
-(it may prefetch a shard another rank reads), never misses one.
+All ranks' picks count: a rank's own are a subset that only a walk over its positions could
+tell, so the loader sets this future only for a single rank
+(:meth:`stoker.loader.read.mixture.MixtureSource.cache_clock`).
 """
 
 from __future__ import annotations

@@ -169,3 +169,19 @@ def test_remote_sources_are_prefetched_from_their_future(remote_pair, tmp_path: 
     dl.close()
     assert got == expected(mix, 5, 0, mix.num_samples, dl.order_options)
     assert all(s.prefetches > 0 for s in stats), stats  # none before: no future was given
+
+
+@pytest.mark.remote
+def test_with_several_ranks_a_rank_fetches_only_the_shards_it_reads(remote_pair,
+                                                                     tmp_path: Path) -> None:
+    # every rank's picks would be a superset of this rank's: a node holding rank 0 only
+    # would fetch rank 1's shards too (with weights 1:1 the ranks even read disjoint sources)
+    mix, sizes = remote_pair
+    for rank in range(2):
+        dl = DataLoader(mix, batch_size=32, shuffle=SHUFFLE, seed=5, rank=rank, world_size=2,
+                        cache=CacheOptions(dir=tmp_path / f"cache{rank}", limit=sum(sizes)))
+        read = pairs(dl)
+        fetched = [c.stats().fetches for c in dl._source._caches]
+        dl.close()
+        shards_read = [len({i // 40 for s, i in read if s == src}) for src in range(2)]
+        assert all(f <= r for f, r in zip(fetched, shards_read)), (rank, fetched, shards_read)
