@@ -164,15 +164,10 @@ class MixtureSource:
 
     def cache_clock(self, order: MixtureOrder, plan: Any,
                     step: int) -> Callable[[int], None] | None:
-        """Hand each source's shard cache its future from ``step`` on
+        """Hand each source's shard cache this rank's future from ``step`` on
         (:mod:`stoker.loader.read.mixture_future`); ``None`` when no source has a cache of
-        its own (local sources, or one shared reader), or with several ranks: the future is
-        every rank's picks, and a node holding some of the ranks would prefetch the others'
-        shards too (measured: with 2 ranks and equal weights, rank 0 reads only source a
-        and prefetched all of b), so the caches then work without a future, as before."""
-        if self.union or plan.world_size > 1:
-            return None
-        return mixture_clock(self._caches, order, plan, step)
+        its own (local sources, or one shared reader)."""
+        return None if self.union else mixture_clock(self._caches, order, plan, step)
 
     def close(self) -> None:
         """Close every source's reader and shard cache; idempotent."""

@@ -3,16 +3,14 @@
 A single dataset hands its cache every shard use of the rest of the epoch
 (:func:`stoker.loader.epoch_iter.cache_clock`): the cache prefetches ahead of the reader and
 evicts the shard whose next use is furthest (Belady). A mixture's sources are read through
-caches of their own, in the order of their *picks*: source ``i``'s ``j``-th pick is position
-``j mod N_i`` of its own pass ``j div N_i``. So a source's future, in pick coordinates, is its
-pass orders' shard uses over the picks the rest of the epoch makes of it (the blend's counts
-at the epoch's end minus those at the current step), and its clock is its pick count at each
-step, kept incrementally from the blend's picks of the steps in between (one blend window per
-step, no restart).
-
-All ranks' picks count: a rank's own are a subset that only a walk over its positions could
-tell, so the loader sets this future only for a single rank
-(:meth:`stoker.loader.read.mixture.MixtureSource.cache_clock`).
+caches of their own, and which shards of a source a rank reads depends on the blend at the
+rank's own positions (``k % world_size == rank``): with weights 1:1 and two ranks, each rank
+reads only one of two sources. So the future is computed, per rank, over a window of the
+next :data:`AHEAD` global batches: the blend's picks at the rank's positions, each pick's
+sample in its source's pass order, the shard holding it; consecutive reads of one shard by
+one source make one use, spanning the epoch positions of its first and last read. The clock
+moves every cache's cursor to the step's first position and recomputes the window when half
+of it has been read. Past the window a shard counts as not needed again (evicted first).
 """
 
 from __future__ import annotations
@@ -21,52 +19,72 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["mixture_clock"]
+__all__ = ["AHEAD", "mixture_clock"]
+
+#: Global batches of the future each source's cache is told (recomputed at half).
+AHEAD = 256
 
 
 def mixture_clock(caches: Sequence[Any], order: Any, plan: Any,
                   step: int) -> Callable[[int], None] | None:
-    """Set each cache's future from loader step ``step`` to the epoch's end (``caches[i]``
-    is source ``i``'s cache or ``None``); returns ``clock(step)``, which moves every cache's
-    cursor to its source's pick count at ``step`` (``None`` when no source has a cache)."""
+    """Tell each cache (``caches[i]``: source ``i``'s cache or ``None``) its future from
+    loader step ``step`` on; returns ``clock(step)``, which moves every cursor to ``step``'s
+    first position and renews the futures as the reader goes (``None``: no source has a
+    cache)."""
     if all(c is None for c in caches):
         return None
-    blend, base = order.mixture.blend, order.epoch * order.num_samples
     steps = plan.steps_per_epoch
-    start = plan.window(step)[0] if step < steps else order.num_samples
-    at = base + start
-    picks = blend.counts(at)
-    end = blend.counts(base + order.num_samples)
-    sizes = order.mixture.sizes
-    for i, cache in enumerate(caches):
-        if cache is not None:
-            shards, spans = _uses(order.passes, i, int(sizes[i]), int(picks[i]), int(end[i]))
-            cache.set_future(shards, spans)
-            cache.advance_to(int(picks[i]))
-    state = [at, picks.copy()]
+    rows = [np.cumsum(m.shard_rows) - m.shard_rows for m in order.mixture.manifests]
+    renew = [0]
+
+    def at(s: int) -> int:
+        return plan.window(s)[0] if s < steps else order.num_samples
+
+    def tell(s: int) -> None:
+        start, stop = at(s), at(min(steps, s + AHEAD))
+        for i, (shards, spans) in enumerate(_uses(order, plan, rows, start, stop)):
+            if caches[i] is not None:
+                caches[i].set_future(shards, spans)
+        renew[0] = at(min(steps, s + AHEAD // 2)) if stop < order.num_samples else \
+            order.num_samples + 1
 
     def clock(s: int) -> None:
-        to = base + (plan.window(s)[0] if s < steps else order.num_samples)
-        if to <= state[0]:
-            return
-        src, _ = blend.picks(state[0], to)
-        state[0], state[1] = to, state[1] + np.bincount(src, minlength=len(caches))
-        for i, cache in enumerate(caches):
+        position = at(s)
+        if position >= renew[0]:
+            tell(s)
+        for cache in caches:
             if cache is not None:
-                cache.advance_to(int(state[1][i]))
+                cache.advance_to(position)
+
+    tell(step)
+    clock(step)
     return clock
 
 
-def _uses(passes: Any, source: int, size: int, first: int,
-          stop: int) -> tuple[np.ndarray, np.ndarray]:
-    """Shard uses of picks ``[first, stop)`` of ``source``: ``(shards, [first, last] spans)``
-    in pick coordinates, pass after pass."""
-    shards, spans = [], []
-    for p in range(first // size, -(-stop // size)) if stop > first and size else ():
-        lo, hi = max(first - p * size, 0), min(stop - p * size, size)
-        s, f, last = passes.get(source, p).shard_uses(lo, hi)
-        shards.append(s)
-        spans.append(np.stack([f, last], axis=1) + p * size)
-    if not shards:
-        return np.empty(0, dtype=np.int64), np.empty((0, 2), dtype=np.int64)
-    return np.concatenate(shards).astype(np.int64), np.concatenate(spans).astype(np.int64)
+def _uses(order: Any, plan: Any, rows: list[np.ndarray], start: int,
+          stop: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per source: ``(shards, [first, last] epoch positions)`` of the uses this rank makes in
+    positions ``[start, stop)``, in order."""
+    n = len(rows)
+    empty = (np.empty(0, dtype=np.int64), np.empty((0, 2), dtype=np.int64))
+    first = start + (plan.rank - start) % plan.world_size
+    if first >= stop:
+        return [empty] * n
+    src, pick = order.sources(first, stop)
+    src, pick = src[::plan.world_size], pick[::plan.world_size]
+    position = np.arange(first, stop, plan.world_size, dtype=np.int64)[:len(src)]
+    ids = order.passes.ids(src, pick, np.asarray(order.mixture.sizes, dtype=np.int64),
+                           order.mixture.offsets)
+    out = []
+    for i in range(n):
+        mine = src == i
+        if not mine.any():
+            out.append(empty)
+            continue
+        local = ids[mine] - order.mixture.offsets[i]
+        shard = np.searchsorted(rows[i], local, side="right") - 1
+        pos = position[mine]
+        head = np.flatnonzero(np.r_[True, shard[1:] != shard[:-1]])
+        tail = np.r_[head[1:], len(shard)] - 1
+        out.append((shard[head].astype(np.int64), np.stack([pos[head], pos[tail]], axis=1)))
+    return out

@@ -28,7 +28,7 @@ from stoker.loader.order.epoch import EpochOrder, OrderOptions
 from stoker.loader.order.mixture import Mixture
 from stoker.loader.order.working_set import working_set
 from stoker.loader.read.mixture_budget import split_cache_limit
-from stoker.loader.read.mixture_future import mixture_clock
+from stoker.loader.read import mixture_future
 from stoker.loader.read.order_plan import WorkingSetError
 
 SHUFFLE = ShuffleOptions(partitions=2, block_size=16)
@@ -127,35 +127,32 @@ class _Recorder:
         self.cursor.append(position)
 
 
-@pytest.mark.parametrize("epoch,step", [(0, 0), (1, 3), (2, 11)])
-def test_each_source_cache_is_told_every_shard_its_picks_will_read(sources, epoch: int,
-                                                                   step: int) -> None:
-    # books (13 samples) is read over several passes per epoch: its future spans them all
+@pytest.mark.parametrize("epoch,step,rank,world", [(0, 0, 0, 1), (1, 3, 0, 1), (2, 11, 1, 2),
+                                                   (0, 5, 0, 2)])
+def test_each_source_cache_is_told_every_shard_this_rank_will_read(
+        sources, monkeypatch, epoch: int, step: int, rank: int, world: int) -> None:
+    # books (13 samples) is read over several passes per epoch; a short window (4 global
+    # batches) makes the clock renew the futures several times
+    monkeypatch.setattr(mixture_future, "AHEAD", 4)
     mix = Mixture({n: str(p) for n, p in sources.items()}, {"web": 3, "code": 2, "books": 2})
     dl = DataLoader(mix, batch_size=8, shuffle=ShuffleOptions(partitions=2, block_size=4),
-                    seed=7)
+                    seed=7, rank=rank, world_size=world)
     order = dl._source.epoch_order(7, epoch, dl.order_options)
     plan = dl._plan
     caches = [_Recorder() for _ in mix.names]
-    clock = mixture_clock(caches, order, plan, step)
-    base = epoch * mix.num_samples
-    src, pick = mix.blend.picks(base + plan.window(step)[0], base + mix.num_samples)
-    for i, (cache, m) in enumerate(zip(caches, mix.manifests)):
-        picks = pick[src == i]
-        size = mix.sizes[i]
-        starts = np.cumsum(m.shard_rows) - m.shard_rows
-        for j in picks.tolist():  # the shard holding pick j has a use whose span covers j
-            sample = EpochOrder(m.shard_rows, m.fingerprint, 7, j // size,
-                                order.options).ids(j % size, j % size + 1)[0]
-            shard = int(np.searchsorted(starts, sample, side="right") - 1)
-            covering = (cache.shards == shard) & (cache.spans[:, 0] <= j) & (j <= cache.spans[:, 1])
-            assert covering.any(), (mix.names[i], j, shard)
-        assert np.all(np.diff(cache.spans[:, 0]) >= 0)  # in the order they are needed
-        assert cache.cursor == [int(mix.blend.counts(base + plan.window(step)[0])[i])]
-    for s in range(step + 1, plan.steps_per_epoch + 1):  # the clock: each source's pick count
-        clock(s)
-        at = base + (plan.window(s)[0] if s < plan.steps_per_epoch else mix.num_samples)
-        assert [c.cursor[-1] for c in caches] == mix.blend.counts(at).tolist()
+    clock = mixture_future.mixture_clock(caches, order, plan, step)
+    starts = [np.cumsum(m.shard_rows) - m.shard_rows for m in mix.manifests]
+    for s in range(step, plan.steps_per_epoch):
+        if s > step:
+            clock(s)
+        lo, hi = plan.window(s)
+        assert all(c.cursor[-1] == lo for c in caches)  # the cursor: the step's first position
+        positions = range(lo + (rank - lo) % world, hi, world)
+        for k, sample in zip(positions, order.rank_ids(lo, hi, rank, world).tolist()):
+            i = int(np.searchsorted(mix.offsets, sample, side="right") - 1)
+            shard = int(np.searchsorted(starts[i], sample - mix.offsets[i], side="right") - 1)
+            c = caches[i]  # the read at position k has a use of its shard that spans k
+            assert ((c.shards == shard) & (c.spans[:, 0] <= k) & (k <= c.spans[:, 1])).any()
     dl.close()
 
 
