@@ -162,6 +162,26 @@ class MixtureSource:
         batch["source"] = torch.from_numpy(src)
         return batch
 
+    def fetch_digested(self, ids: np.ndarray, epoch: int, seed: int,
+                       digest: Any) -> tuple[dict[str, Any], Any]:
+        """:meth:`fetch` and the ledger's ``digest(batch, arrays)``: through the shared
+        reader's fast path when the sources share one (its arrays, hashed while in cache;
+        ``"source"`` from its tensor), else on the merged batch (no arrays: every column
+        from its tensor). The same digests either way (stoker.loader.ledger.digest)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if digest is None or not self.union:
+            batch = self.fetch(ids, epoch, seed)
+            return batch, None if digest is None else digest(batch, {})
+        column = torch.from_numpy(source_of(ids, self._offsets))
+
+        def with_source(batch: dict[str, Any], arrays: Any) -> Any:
+            batch["source"] = column
+            return digest(batch, arrays)
+
+        batch, digests = self.readers[0].fetch_digested(ids, epoch, seed, with_source)
+        batch["source"] = column
+        return batch, digests
+
     def cache_clock(self, order: MixtureOrder, plan: Any,
                     step: int) -> Callable[[int], None] | None:
         """Hand each source's shard cache this rank's future from ``step`` on
