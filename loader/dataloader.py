@@ -256,7 +256,7 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
             if self._cache is not None:
                 where.update(cache_events=self._cache_events, cache_clock=cache_clock(
                     self._cache, order, plan, cursor.step, rank, self.world_size))
-            elif getattr(self._source, "kind", None) == "mixture":  # caches of its own
+            elif hasattr(self._source, "cache_clock"):  # a mixture: caches of its own
                 where.update(cache_clock=self._source.cache_clock(order, plan, cursor.step))
         else:
             batches = self._batches_from_sampler()

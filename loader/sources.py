@@ -19,9 +19,10 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 from stoker.loader.iterable import IterableSource
 from stoker.loader.options import LoaderOptions
 from stoker.loader.order.epoch import OrderOptions
-from stoker.loader.order.mixture import Mixture
+from stoker.loader.order.mixture import Mixture, MixtureError
 from stoker.loader.read.arrow import ArrowSource
-from stoker.loader.read.mixture import MixtureSource, check_columns, is_mixture
+from stoker.loader.read.mixture import (MixtureSource, check_columns, is_mixture,
+                                       reader_manifests)
 from stoker.loader.read.mixture_budget import split_cache_limit
 from stoker.loader.read.order_plan import OrderPlan, plan_order, record_stride
 from stoker.loader.read.torch_dataset import TorchSource
@@ -104,30 +105,33 @@ def open_source(dataset: Any, setup: SourceSetup) -> Opened:
 
 
 def _open_stoker(dataset: Any, setup: SourceSetup) -> Opened:
-    read, storage_options = setup.options.read, setup.options.cache.storage_options
-    if is_mixture(dataset):  # stoker.loader.order.mixture: one reader per source
-        mixture = dataset if isinstance(dataset, Mixture) else \
-            Mixture.load(dataset, storage_options)
-        location = repr(mixture) if isinstance(dataset, Mixture) else os.fspath(dataset)
-        check_columns(mixture, setup.columns, read.features, read.categoricals, read.image)
-        plans: list[OrderPlan] = []
-        shares = _cache_shares(mixture, setup)
-
-        def reader(manifest: Manifest) -> tuple[Any, Any]:
-            plans.append(_plan_order(manifest, setup))
-            return _reader(manifest, setup, None, shares.get(id(manifest)))
-
-        source = MixtureSource(mixture, reader, pin=setup.pin, ring_depth=setup.ring_depth)
-        # one order for every source: the options of the source (or shared reader) with the
-        # fewest partitions fit every source's working set
-        plan = min(plans, key=lambda p: p.options.partitions)
-        return Opened(source, None, plan, location, setup.collate_fn, setup.collate_fn)
+    if is_mixture(dataset):  # stoker.loader.order.mixture
+        return _open_mixture(dataset, setup)
     manifest = dataset if isinstance(dataset, Manifest) else \
-        Manifest.load(os.fspath(dataset), storage_options)
+        Manifest.load(os.fspath(dataset), setup.options.cache.storage_options)
     plan = _plan_order(manifest, setup)
     source, cache = _reader(manifest, setup, plan)
     return Opened(source, cache, plan, redact_url(manifest.root or ""), setup.collate_fn,
                   setup.collate_fn)
+
+
+def _open_mixture(dataset: Any, setup: SourceSetup) -> Opened:
+    """A mixture's source: its readers (one over every source when they allow it, else one
+    per source, each cached one with its share of the cache limit) and one order plan."""
+    read = setup.options.read
+    mixture = dataset if isinstance(dataset, Mixture) else \
+        Mixture.load(dataset, setup.options.cache.storage_options)
+    location = repr(mixture) if isinstance(dataset, Mixture) else os.fspath(dataset)
+    check_columns(mixture, setup.columns, read.features, read.categoricals, read.image)
+    named = reader_manifests(mixture)
+    plans = [_source_plan(name, manifest, setup) for name, manifest in named]
+    shares = _cache_shares(named, plans, setup)
+    source = MixtureSource(mixture, lambda m: _reader(m, setup, None, shares.get(id(m))),
+                           pin=setup.pin, ring_depth=setup.ring_depth, named=named)
+    # one order for every source: the options of the reader with the fewest partitions fit
+    # every reader's working set
+    plan = min(plans, key=lambda p: p.options.partitions)
+    return Opened(source, None, plan, location, setup.collate_fn, setup.collate_fn)
 
 
 def _cached(manifest: Manifest, setup: SourceSetup) -> bool:
@@ -135,20 +139,30 @@ def _cached(manifest: Manifest, setup: SourceSetup) -> bool:
     return setup.options.cache.dir is not None or is_remote(manifest.root)
 
 
-def _cache_shares(mixture: Mixture, setup: SourceSetup) -> dict[int, int]:
-    """``id(manifest)`` -> that cached source's share of the cache limit
-    (stoker.loader.read.mixture_budget), for a mixture with two or more cached sources and a
-    limit; the working sets are taken at the partitions the mixture's order will use (the
-    fewest any source's own plan chose)."""
+def _source_plan(name: str, manifest: Manifest, setup: SourceSetup) -> OrderPlan:
+    """:func:`_plan_order` of one reader of a mixture, its errors naming the source."""
+    try:
+        return _plan_order(manifest, setup)
+    except ManifestError as exc:
+        raise MixtureError(f"source {name!r}: {exc}") from None
+
+
+def _cache_shares(named: list[tuple[str, Manifest]], plans: list[OrderPlan],
+                  setup: SourceSetup) -> dict[int, int]:
+    """``id(manifest)`` -> that reader's share of the cache limit
+    (stoker.loader.read.mixture_budget), when two or more of a mixture's readers go through
+    the cache and there is a limit; working sets are taken at the partitions the mixture's
+    order uses (the fewest any reader's own plan chose)."""
     limit = setup.options.cache.limit
-    cached = [(n, m) for n, m in zip(mixture.names, mixture.manifests) if _cached(m, setup)]
+    cached = [(n, m, p) for (n, m), p in zip(named, plans) if _cached(m, setup)]
     if limit is None or len(cached) < 2:
         return {}
-    partitions = min(_plan_order(m, setup).options.partitions for m in mixture.manifests)
-    needs = [_plan_order(m, setup, partitions).working_set.shard_bytes for _, m in cached]
-    sizes = [int(m.shard_bytes.sum()) for _, m in cached]
-    shares = split_cache_limit(int(limit), needs, sizes, [n for n, _ in cached])
-    return {id(m): share for (_, m), share in zip(cached, shares)}
+    fewest = min(p.options.partitions for p in plans)
+    needs = [(p if p.options.partitions == fewest else _plan_order(m, setup, fewest)
+              ).working_set.shard_bytes for _, m, p in cached]
+    sizes = [int(m.shard_bytes.sum()) for _, m, _ in cached]
+    shares = split_cache_limit(int(limit), needs, sizes, [n for n, _, _ in cached])
+    return {id(m): share for (_, m, _), share in zip(cached, shares)}
 
 
 def _reader(manifest: Manifest, setup: SourceSetup, plan: OrderPlan | None,

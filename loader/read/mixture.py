@@ -31,7 +31,7 @@ from stoker.loader.fastpath import warm
 from stoker.loader.fastpath.ring import BufferRing, Slot
 from stoker.manifest import Manifest, ManifestError
 
-__all__ = ["MixtureSource", "check_columns", "is_mixture"]
+__all__ = ["MixtureSource", "check_columns", "is_mixture", "reader_manifests"]
 
 # Column types that convert to the same batch value (stoker.loader.fastpath.convert): offsets width
 # and string-vs-binary storage do not change what a batch holds.
@@ -78,6 +78,18 @@ def check_columns(mixture: Mixture, columns: Sequence[str] | None,
                                    "of them when sharding, or leave the column out.")
 
 
+def reader_manifests(mixture: Mixture, union: bool = True) -> list[tuple[str, Manifest]]:
+    """``(name, manifest)`` of each reader a :class:`MixtureSource` reads through: one over
+    every source's shards when they allow it (stoker.loader.read.mixture_union) and ``union``,
+    else one per source; a single source is read through its own manifest, exactly as on
+    its own."""
+    if len(mixture.names) == 1:
+        return [(mixture.names[0], mixture.manifests[0])]
+    shared = union_manifest(mixture.manifests) if union else None
+    return [("all", shared)] if shared is not None else list(zip(mixture.names,
+                                                                 mixture.manifests))
+
+
 class MixtureSource:
     """Batches of a mixture: dicts of column -> tensor (or list), plus ``"source"``.
 
@@ -87,30 +99,28 @@ class MixtureSource:
             ``None``; closed with the source); the DataLoader passes the read options it gives
             a single dataset.
         ring_depth, pin: the merged batches' buffers (as a reader's, see stoker.loader.fastpath.ring).
-        union: read every source through one reader when they allow it (``False``: one
-            reader per source, as the audit's reference rebuild does, so it does not share
-            :mod:`stoker.loader.read.mixture_union` with what it checks).
+        named: the ``(name, manifest)`` of each reader to build (:func:`reader_manifests`, its
+            default: one over every shard when the sources allow); the audit's reference
+            rebuild passes one per source, so it does not share
+            :mod:`stoker.loader.read.mixture_union` with what it checks.
     """
 
     kind = "mixture"
 
     def __init__(self, mixture: Mixture,
                  make_reader: Callable[[Manifest], tuple[ArrowSource, Any]], *,
-                 ring_depth: int = 8, pin: bool = False, union: bool = True) -> None:
+                 ring_depth: int = 8, pin: bool = False,
+                 named: list[tuple[str, Manifest]] | None = None) -> None:
         warm.prime_mixture()
         self.mixture = mixture
         self._ring = BufferRing(ring_depth, pin)
         self.fingerprint = mixture.fingerprint
         self.readers: list[ArrowSource] = []
         self._caches: list[Any] = []
-        # one reader over every shard when the sources allow (stoker.loader.read.mixture_union);
-        # a single source is read through its own manifest, exactly as on its own
-        shared = mixture.manifests[0] if len(mixture.names) == 1 else \
-            union_manifest(mixture.manifests) if union else None
-        self.union = shared is not None
+        named = reader_manifests(mixture) if named is None else named
+        self.union = len(named) == 1  # mixture ids are then the one reader's global ids
         try:
-            for name, manifest in ([("all", shared)] if shared is not None else
-                                   zip(mixture.names, mixture.manifests)):
+            for name, manifest in named:
                 try:
                     reader, cache = make_reader(manifest)
                 except ManifestError as exc:
@@ -185,9 +195,11 @@ class MixtureSource:
     def cache_clock(self, order: MixtureOrder, plan: Any,
                     step: int) -> Callable[[int], None] | None:
         """Hand each source's shard cache this rank's future from ``step`` on
-        (:mod:`stoker.loader.read.mixture_future`); ``None`` when no source has a cache of
-        its own (local sources, or one shared reader)."""
-        return None if self.union else mixture_clock(self._caches, order, plan, step)
+        (:mod:`stoker.loader.read.mixture_future`); ``None`` when the sources share one
+        reader (then local: no cache to tell)."""
+        if len(self.readers) != len(self.mixture.names):  # one reader over every source
+            return None
+        return mixture_clock(self._caches, order, plan, step)
 
     def close(self) -> None:
         """Close every source's reader and shard cache; idempotent."""

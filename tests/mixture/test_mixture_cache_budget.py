@@ -182,3 +182,22 @@ def test_with_several_ranks_a_rank_fetches_only_the_shards_it_reads(remote_pair,
         dl.close()
         shards_read = [len({i // 40 for s, i in read if s == src}) for src in range(2)]
         assert all(f <= r for f, r in zip(fetched, shards_read)), (rank, fetched, shards_read)
+
+
+def test_local_sources_read_through_one_cached_reader_keep_the_whole_limit(
+        tmp_path: Path) -> None:
+    # with a cache directory, local sources sharing one reader (the union) have one cache and
+    # one working set: a limit that holds it is not split, nor refused for the sum of the
+    # sources' own working sets
+    a = make_source(tmp_path / "a", [40] * 24, salt=3)
+    b = make_source(tmp_path / "b", [40] * 24, salt=4)
+    mix = Mixture({"a": str(tmp_path / "a"), "b": str(tmp_path / "b")}, {"a": 1, "b": 1})
+    needs = [working_set(m.shard_rows, m.shard_bytes, OrderOptions(
+        partitions=SHUFFLE.partitions, block_size=SHUFFLE.block_size).resolve(m.shard_rows)
+    ).shard_bytes for m in (a, b)]
+    limit = max(needs) + min(needs) // 2  # below the sum of the two working sets
+    dl = DataLoader(mix, batch_size=32, shuffle=SHUFFLE, seed=5,
+                    cache=CacheOptions(dir=tmp_path / "cache", limit=limit))
+    assert dl._source.union and [c.limit for c in dl._source._caches] == [limit]
+    assert pairs(dl) == expected(mix, 5, 0, mix.num_samples, dl.order_options)
+    dl.close()

@@ -7,7 +7,7 @@ ids (:class:`~stoker.tools.audit.mixture.MixtureReplayer`), splits them by sourc
 source's rows with the reference reader of the single-dataset check (pyarrow path, no
 kernels, records or cache) from that source's own shards, each re-hashed against its manifest
 before it is read, merges them back in stream order
-(:class:`~stoker.loader.read.mixture.MixtureSource` with ``union=False``: one reader per
+(:class:`~stoker.loader.read.mixture.MixtureSource` with one reader per
 source even where the loader read every source through one) and compares digests, exactly
 as :func:`stoker.tools.audit.content.content_check` does for one dataset: the first wrong step
 is named with its rank and column, and with how many of its rows each source gave.
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from stoker.loader.order.mixture import Mixture
-from stoker.loader.read.mixture import MixtureSource
+from stoker.loader.read.mixture import MixtureSource, reader_manifests
 from stoker.manifest import Manifest, is_url, redact_url
 from stoker.tools.audit.content import (VerifiedShards, check_fraction, digests_recorded,
                                         rebuild_check, reference_reader)
@@ -49,7 +49,8 @@ def mixture_content_check(run: Run, view: MixtureView, sample: float = 1.0) -> C
             openers.append(opener)
             return reference_reader(manifest, read, opener), None
 
-        return MixtureSource(mixture, reader, ring_depth=2, union=False)
+        return MixtureSource(mixture, reader, ring_depth=2,
+                             named=reader_manifests(mixture, union=False))
 
     return rebuild_check(run, view.location, sample, view.replayer(), source, openers,
                          describe=lambda ids: {"sources": _sources_of(mixture, ids)})
