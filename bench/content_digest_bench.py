@@ -105,15 +105,6 @@ def _hot_batch(path: Path) -> dict:
     return batch
 
 
-def _median_us(fn, repeats: int = 2000) -> float:  # type: ignore[no-untyped-def]
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e6
-
-
 def digest_speed(batch: dict) -> dict[str, float]:
     """Median us per W1 batch (hot in cache, as the fast path digests it right after its
     kernels wrote it): from the tensors (the audit's way), from the arrays behind them (the
@@ -130,7 +121,7 @@ def digest_speed(batch: dict) -> dict[str, float]:
     runs: dict[str, list[float]] = {k: [] for k in ways}
     for _ in range(5):  # alternating, medians of medians
         for name, fn in ways.items():
-            runs[name].append(_median_us(fn))
+            runs[name].append(lb.median_seconds(fn, 2000) * 1e6)
     return {name: statistics.median(v) for name, v in runs.items()}
 
 
@@ -176,7 +167,7 @@ def helper_thread(batch: dict) -> dict[str, float]:
     runs: dict[str, list[float]] = {k: [] for k in ways}
     for _ in range(5):
         for name, fn in ways.items():
-            runs[name].append(_median_us(fn, 400))
+            runs[name].append(lb.median_seconds(fn, 400) * 1e6)
     jobs.put(None)
     thread.join()
     return {name: statistics.median(v) for name, v in runs.items()}

@@ -44,6 +44,16 @@ FIRST_RUN = "stoker first run (builds records)"
 
 
 # -- data ------------------------------------------------------------------------------------
+def median_seconds(fn: Callable[[], Any], repeats: int) -> float:
+    """Median wall time of ``repeats`` calls of ``fn``, in seconds (the other benches' timer)."""
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
 def build_w1(workdir: Path, rows: int) -> Path:
     """W1's folder ``<workdir>/w1-<rows>`` (``data.parquet`` and the stoker dataset
     ``stoker/``), built once: every benchmark that reads W1 shares it."""

@@ -23,10 +23,8 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -54,12 +52,7 @@ def _open(path: Path, plan: FastPlan) -> tuple[ShardData, list[pa.RecordBatch]]:
 
 
 def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return lb.median_seconds(fn, repeats) * 1e3
 
 
 def run(rows: int, repeats: int, workdir: Path) -> str:
