@@ -84,18 +84,27 @@ def array_digest(a: np.ndarray) -> int:
     the fast path's outputs are such arrays, and its digests are computed on them right
     after the kernels wrote them. An array this cannot vouch for (not C-contiguous, a dtype
     torch does not share) goes through the tensor."""
+    seed = _array_seed(a)
+    if seed is None:
+        return _tensor_digest(torch.from_numpy(a))
+    return _xxh3(a, seed) if a.size else seed
+
+
+def _array_seed(a: np.ndarray) -> int | None:
+    """The tensor seed of a C-contiguous array of a dtype torch shares, cached per (dtype,
+    shape); ``None`` for any other array."""
+    if not a.flags.c_contiguous:
+        return None
     key = (a.dtype, a.shape)
     seed = _ARRAY_SEEDS.get(key)
     if seed is None:
         torch_dtype = _TORCH_OF.get(a.dtype)
-        if torch_dtype is None or not a.flags.c_contiguous:
-            return _tensor_digest(torch.from_numpy(a))
+        if torch_dtype is None:
+            return None
         if len(_ARRAY_SEEDS) > 4096:
             _ARRAY_SEEDS.clear()
         seed = _ARRAY_SEEDS[key] = _header_seed("T", torch_dtype, a.shape)
-    elif not a.flags.c_contiguous:  # same dtype and shape as a cached one, other strides
-        return _tensor_digest(torch.from_numpy(a))
-    return xxhash.xxh3_64_intdigest(a, seed=seed) if a.size else seed
+    return seed
 
 
 def _array_digest(a: np.ndarray) -> int:
