@@ -49,6 +49,9 @@ REASONS = {
                  "warm-up) was still inside a unit of work after the fork gate's wait "
                  "(stoker.loader.jit.fork_gate): the worker may block on a lock that thread "
                  "held; the loader's timeout then names it",
+    "no_readahead": "a staged round could not advise the kernel of the shard pages it reads "
+                    "(no madvise here, or it was refused): those pages fault in one by one, "
+                    "with the kernel's read-around (stoker.loader.fastpath.advise)",
     "warmup_skipped": "the kernels could not be compiled ahead of the first batch: the first "
                       "batch compiles them (and raises if they cannot be)",
 }

@@ -173,6 +173,15 @@ class ShardData:
         # have empty buffers outside the map in any record batch: both are computed now)
         self._arena = loc.finish()
         self.views = k.arena_views(self._arena)
+        #: whether ``arena`` maps the shard's file (set by its opener): page-cache advice
+        #: (stoker.loader.fastpath.advise) applies only then
+        self.mapped = False
+        self.random_advised = False
+
+    @property
+    def arena(self) -> pa.Buffer:
+        """The memory the kernel views read: the shard's map, or the packed copies."""
+        return self._arena
 
     def matrix_meta(self, columns: Sequence[str]) -> np.ndarray:
         """int64 ``[chunks, K, 4]`` for :func:`~stoker.loader.fastpath.kernels.gather_fixed`."""

@@ -171,6 +171,8 @@ class OpenShards:
             self._check_batches(index, batches)
             table = full.select(self._columns)
             data = self._shard_data(batches, arena)
+            if data is not None:
+                data.mapped = True
             if data is None and self.manifest.compression != "none":
                 table = table.combine_chunks()  # decompress once, not once per take
         except (OSError, pa.ArrowException) as exc:  # an unreadable file: name the shard

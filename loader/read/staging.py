@@ -31,6 +31,7 @@ from stoker.loader.order.epoch import EpochOrder, OrderOptions
 from stoker.loader.fastpath.record_table import _gather
 from stoker.loader.fastpath.rowmajor import _TILE, Field, RecordLayout, _allocate
 from stoker.loader.order.working_set import STAGED_ROUNDS
+from stoker.loader.fastpath.advise import advise_runs
 
 if TYPE_CHECKING:
     from stoker.loader.fastpath.plan import FastPlan, ShardData
@@ -348,7 +349,9 @@ class Stager:
 
 def _copy(rec: np.ndarray, fields: Sequence[Field], d: ShardData, first: np.ndarray,
           end: np.ndarray, dest: np.ndarray) -> None:
-    """Rows ``first[i]:end[i]`` of ``d`` -> records ``dest[i]...`` of ``rec``, every field."""
+    """Rows ``first[i]:end[i]`` of ``d`` -> records ``dest[i]...`` of ``rec``, every field;
+    the pages read are advised first (all read at once, nothing around them)."""
+    advise_runs(d, fields, first, end)
     lists = []
     for f in fields:
         view = rec[:, f.offset:f.offset + f.nbytes].view(f.dtype)
