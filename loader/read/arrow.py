@@ -27,6 +27,7 @@ from stoker.loader.fastpath.convert import table_to_batch
 from stoker.loader.fastpath.images import ImageOptions
 from stoker.loader.fastpath.plan import FastPlan, NotZeroCopy, ShardData
 from stoker.loader.fastpath.record_table import RecordTable
+from stoker.loader.fastpath.advise import shards_fit_memory
 from stoker.loader.fastpath.ring import BufferRing
 from stoker.loader.fastpath.shard_records import ShardRecords
 from stoker.loader.fastpath import warm
@@ -152,6 +153,7 @@ class ArrowSource:
             return False
         if self._stager is not None:
             self._stager.close()
+        self._shards.random_access = not shards_fit_memory(int(self.manifest.shard_bytes.sum()))
         self._stager = Stager(self._plan, options, rank, world_size, self.shard_rows,
                               self.fingerprint, self._starts,
                               lambda s, *rows: [(self._data_of(s), *rows)],

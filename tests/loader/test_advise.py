@@ -217,3 +217,47 @@ def test_packed_data_is_not_advised(shard: Path) -> None:
     with fallbacks.collecting() as noted:
         assert advise.advise_runs(packed, FIELDS, np.array([5]), np.array([900])) == 0
     assert noted == {}
+
+
+def test_a_map_advised_random_before_pyarrow_reads_it_stays_mostly_on_disk(
+        tmp_path: Path) -> None:
+    """pyarrow's reads of every record batch's metadata, with the kernel's read-around, would
+    bring in the whole file; advised first, opening a shard reads little of it."""
+    shard = _write(tmp_path / "open.arrow")
+    fd = os.open(shard, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    with open(shard, "rb") as f:  # not pa.memory_map: its read_buffer advises WILLNEED itself
+        arena = pa.py_buffer(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
+    assert advise.advise_random(arena)
+    table = pa.ipc.open_file(arena).read_all()
+    d = ShardData(table.to_batches(), arena, ["a"])
+    time.sleep(0.2)  # what read-ahead there is has arrived
+    assert _resident(d, 0, arena.size).mean() < 0.5
+
+
+def test_staged_loaders_open_their_shards_advised(dataset: Path) -> None:
+    from stoker.loader import DataLoader, ReadOptions, ShuffleOptions
+
+    dl = DataLoader(str(dataset), batch_size=16, seed=1, read=ReadOptions(row_major="staged"),
+                    shuffle=ShuffleOptions(partitions=4, block_size=8))
+    next(iter(dl))
+    opened = [d for d in dl._source._shards.data.values() if d is not None]
+    assert opened and all(d.mapped and d.random_advised for d in opened)  # by the rounds
+    assert not dl._source._shards.random_access  # a small dataset: opened with read-around
+    plain = DataLoader(str(dataset), batch_size=16, shuffle=False)
+    next(iter(plain))
+    assert not any(d.random_advised for d in plain._source._shards.data.values() if d is not None)
+
+
+def test_memory_limit_and_what_fits() -> None:
+    limit = advise.memory_limit()
+    with open("/proc/meminfo") as f:
+        total = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
+    assert limit is not None and 0 < limit <= total
+    assert advise.shards_fit_memory(3 << 30, limit=6 << 30)
+    assert not advise.shards_fit_memory((3 << 30) + 1, limit=6 << 30)
+    assert not advise.shards_fit_memory(1 << 60)  # 1 EiB of shards: the node's limit is used
