@@ -17,11 +17,12 @@ page cache must hold is bounded by the round (the staging budget), at any datase
 whose pages are already cached (a later epoch, a dataset that fits memory) skip the advice
 after one ``mincore`` per run.
 
-The map is advised before pyarrow opens it (:func:`advise_random`, from
-:class:`~stoker.loader.read.open_shards.OpenShards` when shards are staged): pyarrow's reads of
-each record batch's metadata, with read-around, brought in the whole file (``mincore``: a 249 MB
-shard 100 % resident after ``read_all``, 3.5 % when advised first), i.e. every shard of the
-dataset once per process, which a node without the memory for it evicts again.
+Opening a shard: pyarrow's reads of each record batch's metadata, with read-around, bring in
+the whole file (``mincore``: a 249 MB shard 100 % resident after ``read_all``, 3.5 % when
+advised first). Where the shards fit in memory that sequential read is the fastest way in;
+where they do not (:func:`shards_fit_memory`) every shard would be read whole once per process
+and evicted again, so staged shards are then advised before pyarrow opens them
+(:func:`advise_random`, from :class:`~stoker.loader.read.open_shards.OpenShards`).
 """
 
 from __future__ import annotations

@@ -68,8 +68,8 @@ class OpenShards:
         self._opening: set[int] = set()  # shards being opened (pinned) by some thread now
         self.data: dict[int, ShardData | None] = {}
         self.opened_shards: set[int] = set()
-        #: shards are read at random (staged rounds): each map is advised ``MADV_RANDOM``
-        #: before pyarrow reads it (stoker.loader.fastpath.advise)
+        #: shards are read at random (staged rounds) and do not fit in memory: each map is
+        #: advised ``MADV_RANDOM`` before pyarrow reads it (stoker.loader.fastpath.advise)
         self.random_access = False
 
     def table(self, index: int) -> pa.Table:

@@ -152,6 +152,16 @@ def test_page_ranges_cover_exactly_the_pages_touched(spans: list[tuple[int, int]
     assert np.all(pages[0, 1:] > pages[1, :-1])  # sorted, disjoint, not touching
 
 
+def _evict(path: Path) -> None:
+    """Drop the file's clean pages from the page cache (pages nobody maps)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def _resident(d: ShardData, lo: int, hi: int) -> np.ndarray:
     libc = ctypes.CDLL(None, use_errno=True)
     lo, hi = lo // PAGE * PAGE, -(-hi // PAGE) * PAGE
@@ -173,12 +183,7 @@ def test_only_the_advised_pages_are_read_from_disk(tmp_path: Path) -> None:
     deadline = time.monotonic() + 10
     while not _resident(d, 0, d.arena.size).all() and time.monotonic() < deadline:
         time.sleep(0.01)
-    fd = os.open(shard, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    _evict(shard)
     assert not _resident(d, start + 20 * PAGE, start + 40 * PAGE).any(), \
         "the shard's pages were not evicted (POSIX_FADV_DONTNEED): this test needs a disk file"
     lo = int(d.starts[1]) + 10_000
@@ -224,12 +229,7 @@ def test_a_map_advised_random_before_pyarrow_reads_it_stays_mostly_on_disk(
     """pyarrow's reads of every record batch's metadata, with the kernel's read-around, would
     bring in the whole file; advised first, opening a shard reads little of it."""
     shard = _write(tmp_path / "open.arrow")
-    fd = os.open(shard, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    _evict(shard)
     with open(shard, "rb") as f:  # not pa.memory_map: its read_buffer advises WILLNEED itself
         arena = pa.py_buffer(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
     assert advise.advise_random(arena)
