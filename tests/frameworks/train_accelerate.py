@@ -10,7 +10,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from frameworks_data import BATCH, EPOCHS, Numbers, out_dir, record  # noqa: E402
+from frameworks_data import BATCH, EPOCHS, Numbers, finish, out_dir, record  # noqa: E402
 
 from stoker.loader import DataLoader  # noqa: E402
 
@@ -39,10 +39,7 @@ def main() -> None:
             seen += batch["i"].tolist()
         epochs.append(seen)
     record(out_dir(), accelerator.process_index, accelerator.num_processes, epochs)
-    if torch.distributed.is_initialized():
-        # gloo's threads abort the interpreter at exit when the group is left alive
-        # ("terminate called without an active exception", pytorch/pytorch#190489; seen in CI)
-        torch.distributed.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":

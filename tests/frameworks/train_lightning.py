@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from frameworks_data import BATCH, EPOCHS, Numbers, out_dir, record  # noqa: E402
+from frameworks_data import BATCH, EPOCHS, Numbers, finish, out_dir, record  # noqa: E402
 
 from stoker.loader import DataLoader  # noqa: E402
 
@@ -49,8 +49,7 @@ def main() -> None:
     record(out_dir(), trainer.global_rank, trainer.world_size, model.seen,
            loader=f"{type(used).__module__}.{type(used).__qualname__}",
            sampler=type(used.sampler).__name__)
-    if torch.distributed.is_initialized():  # see train_accelerate.py
-        torch.distributed.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":
