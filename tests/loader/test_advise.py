@@ -152,6 +152,13 @@ def test_page_ranges_cover_exactly_the_pages_touched(spans: list[tuple[int, int]
     assert np.all(pages[0, 1:] > pages[1, :-1])  # sorted, disjoint, not touching
 
 
+def _read_bytes() -> int:
+    """Bytes this thread has had read from storage (``/proc/thread-self/io``): counted when
+    the reads are submitted, so no wait for them is needed."""
+    with open("/proc/thread-self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+
+
 def _evict(path: Path) -> None:
     """Drop the file's clean pages from the page cache (pages nobody maps)."""
     fd = os.open(path, os.O_RDONLY)
@@ -171,35 +178,47 @@ def _resident(d: ShardData, lo: int, hi: int) -> np.ndarray:
     return (vec & 1).astype(bool)
 
 
+def _open_cold(path: Path) -> tuple[ShardData, pa.Table]:
+    """``path`` evicted, then opened as the loader opens shards that do not fit in memory
+    (advised ``MADV_RANDOM`` before pyarrow reads it), through Python's mmap: pyarrow's
+    ``memory_map().read_buffer()`` advises ``WILLNEED`` on the whole file itself."""
+    _evict(path)
+    with open(path, "rb") as f:
+        arena = pa.py_buffer(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
+    assert advise.advise_random(arena)
+    table = pa.ipc.open_file(arena).read_all()
+    d = ShardData(table.to_batches(), arena, ["a", "b", "c", "d", "l"])
+    d.mapped = d.random_advised = True
+    return d, table
+
+
 def test_only_the_advised_pages_are_read_from_disk(tmp_path: Path) -> None:
-    """Evicted from the page cache, a shard's run advised and then copied brings in the pages
-    of its bytes, and nothing around them (no fault-around), e.g. not the next rows."""
-    shard = _write(tmp_path / "cold.arrow")  # a file no other test has mapped
-    d, table = _open(shard)
+    """Evicted from the page cache, a shard's run is advised for exactly the pages of its
+    bytes, and copying it brings in nothing around them (no fault-around), e.g. not the next
+    rows; a page nobody advised faults in alone."""
+    d, table = _open_cold(_write(tmp_path / "cold.arrow"))
     col = table.column("a").chunks[1]  # 50,000 rows: 49 pages of float32
     start = col.buffers()[1].address - d.arena.address
-    # pyarrow's IPC reader advises every record batch it reads (WILLNEED), so the pages are
-    # evicted after the open, once that read-ahead has arrived
-    deadline = time.monotonic() + 10
-    while not _resident(d, 0, d.arena.size).all() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    _evict(shard)
-    assert not _resident(d, start + 20 * PAGE, start + 40 * PAGE).any(), \
+    assert not _resident(d, start + PAGE, start + 48 * PAGE).any(), \
         "the shard's pages were not evicted (POSIX_FADV_DONTNEED): this test needs a disk file"
     lo = int(d.starts[1]) + 10_000
-    fields = [FIELDS[0]]
+    fields = [FIELDS[0]]  # columns a (float32) and d (int16)
+    ranges = advise.run_byte_ranges(d, fields, np.array([lo]), np.array([lo + 1024]))
+    pages = advise.page_ranges(ranges, d.arena.size)
+    before = _read_bytes()
     advised = advise.advise_runs(d, fields, np.array([lo]), np.array([lo + 1024]))
-    assert advised > 0 and d.random_advised
+    assert advised == int((pages[1] - pages[0]).sum()) > 0  # every page of the run's bytes
+    assert _read_bytes() - before == advised  # read from disk by the advice, nothing more
     want = slice(start + 10_000 * 4, start + 11_024 * 4)
-    deadline = time.monotonic() + 10
-    while not _resident(d, want.start, want.stop).all():
-        assert time.monotonic() < deadline, "advised pages never arrived"
-        time.sleep(0.01)
-    np.frombuffer(d.arena, dtype=np.uint8)[want].sum()  # the copy's reads: already resident
-    assert not _resident(d, start + 20 * PAGE, start + 40 * PAGE).any()  # exactly those pages
-    # a page nobody advised faults in alone: the map is MADV_RANDOM (no fault-around)
+    before = _read_bytes()
+    np.frombuffer(d.arena, dtype=np.uint8)[want].sum()  # the copy's reads of column a
+    assert _read_bytes() == before  # served by the advised reads
+    assert _resident(d, want.start, want.stop).all()
+    assert not _resident(d, start + 20 * PAGE, start + 40 * PAGE).any()  # nothing around them
     page = (start // PAGE + 30) * PAGE
+    before = _read_bytes()
     np.frombuffer(d.arena, dtype=np.uint8)[page]
+    assert _read_bytes() - before == PAGE  # that page alone
     assert _resident(d, page, page + PAGE).all()
     assert not _resident(d, start + 20 * PAGE, page).any()
     assert not _resident(d, page + PAGE, start + 40 * PAGE).any()
@@ -228,15 +247,9 @@ def test_a_map_advised_random_before_pyarrow_reads_it_stays_mostly_on_disk(
         tmp_path: Path) -> None:
     """pyarrow's reads of every record batch's metadata, with the kernel's read-around, would
     bring in the whole file; advised first, opening a shard reads little of it."""
-    shard = _write(tmp_path / "open.arrow")
-    _evict(shard)
-    with open(shard, "rb") as f:  # not pa.memory_map: its read_buffer advises WILLNEED itself
-        arena = pa.py_buffer(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
-    assert advise.advise_random(arena)
-    table = pa.ipc.open_file(arena).read_all()
-    d = ShardData(table.to_batches(), arena, ["a"])
-    time.sleep(0.2)  # what read-ahead there is has arrived
-    assert _resident(d, 0, arena.size).mean() < 0.5
+    d, _ = _open_cold(_write(tmp_path / "open.arrow"))
+    time.sleep(0.2)  # what asynchronous read-ahead there is has arrived (a stricter check)
+    assert _resident(d, 0, d.arena.size).mean() < 0.5
 
 
 def test_staged_loaders_open_their_shards_advised(dataset: Path) -> None:
