@@ -121,7 +121,14 @@ def run_byte_ranges(d: ShardData, fields: Sequence[Field], first: np.ndarray,
     ``values=False``: fixed-width columns, and lists' validity bits and offsets; ``values=True``:
     lists' values, whose ranges are read from those offsets (advise the first part first, so
     that read does not fault page by page)."""
-    chunk, lo, hi = _pieces(d.starts, np.asarray(first, np.int64), np.asarray(end, np.int64))
+    return _ranges(d, fields, _pieces(d.starts, np.asarray(first, np.int64),
+                                      np.asarray(end, np.int64)), values)
+
+
+def _ranges(d: ShardData, fields: Sequence[Field],
+            pieces: tuple[np.ndarray, np.ndarray, np.ndarray], values: bool) -> np.ndarray:
+    """:func:`run_byte_ranges` of runs already cut at record batches (:func:`_pieces`)."""
+    chunk, lo, hi = pieces
     out: list[np.ndarray] = []
     for f in fields:
         if f.kind != "list":
@@ -175,14 +182,15 @@ def advise_runs(d: ShardData, fields: Sequence[Field], first: np.ndarray,
         if not d.random_advised:  # no madvise here (noted): the pages fault in as they are
             return 0
     arena, base = d.arena, d.arena.address
-    if _cached(base, arena.size, d, fields, first, end):
+    pieces = _pieces(d.starts, np.asarray(first, np.int64), np.asarray(end, np.int64))
+    if _cached(base, arena.size, d, fields, pieces):
         return 0
     fn = _libc_fn("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     total = _advise_all(fn, base, _absent(base, page_ranges(
-        run_byte_ranges(d, fields, first, end), arena.size)))
+        _ranges(d, fields, pieces, values=False), arena.size)))
     if any(f.kind == "list" for f in fields):
         total += _advise_all(fn, base, _absent(base, page_ranges(
-            run_byte_ranges(d, fields, first, end, values=True), arena.size)))
+            _ranges(d, fields, pieces, values=True), arena.size)))
     return total
 
 
@@ -240,8 +248,8 @@ def advise_random(arena: object) -> bool:
     return _call(fn, base, -(-size // _PAGE) * _PAGE, _RANDOM)
 
 
-def _cached(base: int, size: int, d: ShardData, fields: Sequence[Field], first: np.ndarray,
-            end: np.ndarray) -> bool:
+def _cached(base: int, size: int, d: ShardData, fields: Sequence[Field],
+            pieces: tuple[np.ndarray, np.ndarray, np.ndarray]) -> bool:
     """Whether the runs' rows of one column (the first fixed-width one) are in the page cache,
     page by page (``mincore``, one call per run: a few pages each): a round over cached shards
     then skips the rest (its exact ranges cost ~2 ms per shard and round, and one ``mincore``
@@ -251,7 +259,7 @@ def _cached(base: int, size: int, d: ShardData, fields: Sequence[Field], first: 
     fixed = [f for f in fields if f.kind != "list"]
     if not fixed:
         return False
-    chunk, lo, hi = _pieces(d.starts, np.asarray(first, np.int64), np.asarray(end, np.int64))
+    chunk, lo, hi = pieces
     pages = page_ranges(_fixed(d.matrix_meta(fixed[0].columns[:1])[chunk], lo[:, None],
                                hi[:, None])[0], size)
     for a, b in zip(pages[0].tolist(), pages[1].tolist()):
