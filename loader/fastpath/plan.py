@@ -28,6 +28,7 @@ import torch
 
 from stoker.loader.fastpath import kernels as k
 from stoker.loader.fastpath.images import ImageOptions, decode_into
+from stoker.loader.fastpath.ipc_meta import IpcLayout, read_layout
 from stoker.loader.fastpath.ring import BufferRing, Slot
 from stoker.manifest import ShardIntegrityError
 
@@ -163,9 +164,15 @@ class ShardData:
         loc = _Locator(arena)
         rows = [b.num_rows for b in batches]
         self.starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)]).astype(np.int64)
-        self.meta: dict[str, np.ndarray] = _ColumnMeta(batches, loc)
+        # a memory-mapped IPC file lists every buffer's place itself: all columns' metadata
+        # for all record batches at once (stoker.loader.fastpath.ipc_meta)
+        layout = None if arena is None else read_layout(arena, batches[0].schema)
+        if layout is not None and not np.array_equal(layout.rows, rows):
+            layout = None  # not the file these batches were read from: ask pyarrow
+        self.meta: dict[str, np.ndarray] = _ColumnMeta(batches, loc, layout)
         for name in columns:
-            if arena is None or _kind(batches[0].schema.field(name).type) != "fixed":
+            if layout is not None or arena is None \
+                    or _kind(batches[0].schema.field(name).type) != "fixed":
                 self.meta[name]  # noqa: B018 - computes and stores it (see below)
             else:  # zero-copy and fixed-width: check one record batch now (a compressed shard
                 _column_meta(batches[:1], name, loc)  # fails here), the rest on first use
@@ -204,6 +211,16 @@ def _column_meta(batches: Sequence[pa.RecordBatch], name: str, loc: _Locator) ->
     return np.array([fn(a, loc) for a in arrs], dtype=np.int64).reshape(len(arrs), -1)
 
 
+def _layout_meta(layout: IpcLayout, name: str, t: pa.DataType) -> np.ndarray:
+    """:func:`_column_meta` of column ``name`` (type ``t``), from the file's layout."""
+    node, buffer = layout.first_node[name], layout.first_buffer[name]
+    if _kind(t) == "fixed":
+        return layout.fixed_meta(node, buffer, *_fixed_layout(t)[:2])
+    big = pa.types.is_large_list(t) or pa.types.is_large_binary(t) or pa.types.is_large_string(t)
+    child = _fixed_layout(t.value_type)[:2] if _kind(t) == "list" else None
+    return layout.var_meta(node, buffer, big, child)
+
+
 class _ColumnMeta(dict):  # type: ignore[type-arg]
     """Column name -> kernel metadata, computed on first access (see :class:`ShardData`).
 
@@ -212,18 +229,22 @@ class _ColumnMeta(dict):  # type: ignore[type-arg]
     until the garbage collector happens to run.
     """
 
-    def __init__(self, batches: Sequence[pa.RecordBatch], loc: _Locator) -> None:
+    def __init__(self, batches: Sequence[pa.RecordBatch], loc: _Locator,
+                 layout: IpcLayout | None = None) -> None:
         super().__init__()
-        self._batches, self._loc = batches, loc
+        self._batches, self._loc, self._layout = batches, loc, layout
 
     def __missing__(self, name: str) -> np.ndarray:
-        value = self[name] = _column_meta(self._batches, name, self._loc)
+        t = self._batches[0].schema.field(name).type
+        value = self[name] = _column_meta(self._batches, name, self._loc) \
+            if self._layout is None or _kind(t) == "arrow" else _layout_meta(self._layout, name, t)
         return value
 
     def of_chunks(self, name: str, chunks: np.ndarray) -> np.ndarray:
         """Column ``name``'s metadata rows for record batches ``chunks`` (computed for those
-        alone unless the whole column's is known; packed arenas know every column's)."""
-        if name in self:
+        alone unless the whole column's is known or cheap: packed arenas know every
+        column's, and a file's layout gives all record batches' at once)."""
+        if name in self or self._layout is not None:
             return self[name][chunks]
         return _column_meta([self._batches[c] for c in chunks.tolist()], name, self._loc)
 
