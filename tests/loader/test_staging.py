@@ -3,6 +3,7 @@ batches, bytes and dtypes, for every worker mode, world size and resume point.""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -74,3 +75,48 @@ def test_staged_resume_continues_exactly(dataset: Path) -> None:
                                                     read=ReadOptions(row_major=False),
                                                     **kw), [], 2)
     assert run_with_resume(make, [3, 11, 40, 41], 2) == straight
+
+
+def _settled(dl: DataLoader) -> None:
+    """Wait until the stager's background thread has finished what it was given."""
+    pool = dl._source.stager._pool
+    if pool is not None:
+        pool.submit(lambda: None).result()
+
+
+@pytest.mark.parametrize("next_epoch", [1, 5])
+def test_the_next_epochs_first_round_is_staged_ahead(dataset: Path, next_epoch: int) -> None:
+    """Reading the last round of epoch 0 stages round 0 of epoch 1 in the background, so
+    epoch 1 does not start by waiting for it; an epoch other than the one guessed reads its
+    own rounds. Batches are the column path's either way (columns that rounds hold: rounds
+    are staged ahead only when they serve every output)."""
+    kw = dict(batch_size=16, shuffle=ShuffleOptions(partitions=4, block_size=8), seed=9,
+              columns=["id", "x", "y"])
+    ref = DataLoader(str(dataset), read=ReadOptions(row_major=False), **kw)
+    want = [[_plain(b) for b in ref] for _ in range(2)] if next_epoch == 1 else None
+    if want is None:
+        ref.set_epoch(0)
+        want = [[_plain(b) for b in ref]]
+        ref.set_epoch(next_epoch)
+        want.append([_plain(b) for b in ref])
+    dl = DataLoader(str(dataset), read=ReadOptions(row_major="staged"), **kw)
+    stager = dl._source.stager
+    assert [_plain(b) for b in dl] == want[0]
+    _settled(dl)
+    ahead = stager._rounds.get((1, 9, 0))
+    assert ahead is not None and ahead.ready
+    built_here = []  # rounds this thread had to stage itself (the batch waited for them)
+    build = stager._build
+
+    def spy(order: Any, r: Any) -> None:
+        if threading.current_thread() is threading.main_thread():
+            built_here.append(r.key)
+        build(order, r)
+
+    stager._build = spy
+    if next_epoch != 1:
+        dl.set_epoch(next_epoch)
+    it = iter(dl)
+    first = _plain(next(it))
+    assert built_here == ([] if next_epoch == 1 else [(next_epoch, 9, 0)])
+    assert [first, *(_plain(b) for b in it)] == want[1]
