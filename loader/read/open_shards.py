@@ -99,6 +99,16 @@ class OpenShards:
             for h in closing:
                 h.__exit__(None, None, None)
             table, data, batches, handle = self._open_shard(index)
+            try:  # before other threads can read it (a staging round uses its layout), with
+                if data is not None:  # its data current (the records built check that)
+                    with self._lock:
+                        self.data[index] = data
+                    self._on_opened(index, data, batches)
+            except BaseException:
+                with self._lock:
+                    self.data.pop(index, None)
+                handle.__exit__(None, None, None)
+                raise
         except BaseException:
             with self._lock:
                 self._opening.discard(index)
@@ -110,8 +120,6 @@ class OpenShards:
             self._open[index] = (table, handle)
             self.data[index] = data
             self._lock.notify_all()
-        if data is not None:
-            self._on_opened(index, data, batches)
         return table
 
     def data_of(self, index: int) -> ShardData:

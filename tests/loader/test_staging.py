@@ -120,3 +120,28 @@ def test_the_next_epochs_first_round_is_staged_ahead(dataset: Path, next_epoch: 
     first = _plain(next(it))
     assert built_here == ([] if next_epoch == 1 else [(next_epoch, 9, 0)])
     assert [first, *(_plain(b) for b in it)] == want[1]
+
+
+def test_a_shard_is_announced_before_other_threads_can_read_it(dataset: Path) -> None:
+    """Staging fixes its record layout (and the list fields that do not fit it) when a shard
+    opens: the announcement comes before the shard is published to other threads, or a
+    round staged by the background thread could read a shard it was not told of. A failing
+    announcement leaves the shard closed."""
+    from stoker.loader.read.arrow import ArrowSource
+    from stoker.manifest import Manifest
+
+    source = ArrowSource(Manifest.load(str(dataset)))
+    shards = source._shards
+    seen = []
+
+    def opened(index: int, data: Any, batches: Any) -> None:
+        seen.append((index, index in shards._open, shards.data.get(index) is data))
+        if index == 4:
+            raise RuntimeError("announcement failed")
+
+    shards._on_opened = opened
+    shards.table(3)
+    assert seen == [(3, False, True)] and 3 in shards._open
+    with pytest.raises(RuntimeError, match="announcement failed"):
+        shards.table(4)
+    assert 4 not in shards._open and 4 not in shards._opening and 4 not in shards.data
