@@ -16,12 +16,13 @@ batch 1024, shuffle on, default options) at each size, every case in a fresh pro
   the naive loader a user writes first; cold (cache dropped) and warm;
 - ``index``: the same Parquet indexed in place (``stoker index``) read by the DataLoader.
 
-Each case reports rows/s over its epoch (or over the first ``--max-seconds`` of it; clock
-started after ``import torch``, which a training process has done anyway, and the baseline
-hands out tensors too: ``torch.from_numpy``, no copy), peak RSS
-of the process, and bytes of derived data the loader left on disk. ``--memory-limit`` runs the
-largest size's cases in a memory cgroup of that size (page cache included), which makes that
-dataset larger than the memory the loader can use: the machine's 24 GiB of RAM and its free
+Each case runs ``--repeats`` times (3, in turn with the others) and reports its median run:
+rows/s over the epoch (or over the first ``--max-seconds`` of it; the clock starts after
+``import torch``, which a training process has done anyway, and the baseline hands out
+tensors too: ``torch.from_numpy``, no copy), peak RSS of the process, and bytes of derived
+data the loader left on disk; the range of the runs is printed beneath the table.
+``--memory-limit`` runs the largest size's cases in a memory cgroup of that size (page cache
+included), which makes that dataset larger than the memory the loader can use: the machine's 24 GiB of RAM and its free
 disk cannot hold a W1 dataset larger than RAM twice (Parquet for the baseline + shards).
 """
 
@@ -153,29 +154,43 @@ def spawn(case: str, data: Path, max_seconds: float, limit: int | None) -> dict[
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run_size(workdir: Path, rows: int, max_seconds: float, limit: int | None) -> dict[str, Any]:
+CASES = (("baseline cold", "baseline", True), ("stoker first", "stoker", True),
+         ("stoker later", "stoker", False), ("baseline warm", "baseline", False),
+         ("index first", "index", True), ("index later", "index", False))
+
+
+def run_size(workdir: Path, rows: int, max_seconds: float, limit: int | None,
+             repeats: int) -> dict[str, Any]:
+    """Every case ``repeats`` times (the cases in turn, then again: the machine's drift
+    spreads over all of them); each case's median run by rows/s, with the range seen."""
     data = prepare(workdir, rows)
     shard_bytes = sum(p.stat().st_size for p in (data / "stoker").rglob("*.arrow"))
     res: dict[str, Any] = {"rows": rows, "shard_bytes": shard_bytes, "memory_limit": limit}
-    for name, case, cold in (("baseline cold", "baseline", True), ("stoker first", "stoker", True),
-                             ("stoker later", "stoker", False), ("baseline warm", "baseline", False),
-                             ("index first", "index", True), ("index later", "index", False)):
-        dropped = _drop_caches() if cold else False
-        r = spawn(case, data, max_seconds, limit)
-        r["cache_dropped"] = dropped
-        res[name] = r
-        print(f"{rows:>11,} {name:<14} {r['rows_per_s'] / 1e6:6.2f} M rows/s  "
-              f"peak RSS {r['peak_rss'] / 2**20:7.0f} MiB  derived {r['derived_bytes'] / 2**20:6.0f}"
-              f" MiB  ({r['rows']:,} rows in {r['seconds']:.1f} s{', cold' if dropped else ''})",
-              flush=True)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in CASES}
+    for _ in range(repeats):
+        for name, case, cold in CASES:
+            dropped = _drop_caches() if cold else False
+            r = spawn(case, data, max_seconds, limit)
+            r["cache_dropped"] = dropped
+            runs[name].append(r)
+            print(f"{rows:>11,} {name:<14} {r['rows_per_s'] / 1e6:6.2f} M rows/s  "
+                  f"peak RSS {r['peak_rss'] / 2**20:7.0f} MiB  derived "
+                  f"{r['derived_bytes'] / 2**20:6.0f} MiB  ({r['rows']:,} rows in "
+                  f"{r['seconds']:.1f} s{', cold' if dropped else ''})", flush=True)
+    for name, got in runs.items():
+        got.sort(key=lambda r: r["rows_per_s"])
+        res[name] = {**got[len(got) // 2], "low": got[0]["rows_per_s"],
+                     "high": got[-1]["rows_per_s"]}
     return res
 
 
 def table(results: list[dict[str, Any]]) -> str:
+    """Medians of each case (rows/s; the range of the runs beneath the table)."""
     head = ("| rows | shards GB | memory | stoker first | stoker later | baseline cold | "
             "baseline warm | first / cold base | later / warm base | index first | index later | "
             "peak RSS stoker | derived data |")
     lines = [head, "|" + "---:|" * 13]
+    ranges = []
     for r in results:
         m = lambda k: r[k]["rows_per_s"] / 1e6  # noqa: E731
         mem = f"{r['memory_limit'] / 2**30:.0f} GiB cgroup" if r["memory_limit"] else "24 GiB"
@@ -186,7 +201,10 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{m('stoker later') / m('baseline warm'):.2f}x | {m('index first'):.2f} M | "
             f"{m('index later'):.2f} M | {r['stoker later']['peak_rss'] / 2**20:.0f} MiB | "
             f"{r['stoker later']['derived_bytes']} B |")
-    return "\n".join(lines)
+        ranges.append(f"{r['rows']:,}: " + ", ".join(
+            f"{name} {r[name]['low'] / 1e6:.2f}-{r[name]['high'] / 1e6:.2f}"
+            for name, _, _ in CASES))
+    return "\n".join(lines + ["", "Range of the runs (M rows/s):"] + ranges)
 
 
 def _size(text: str) -> int:
@@ -202,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="2000000,5000000,10000000,20000000")
     p.add_argument("--workdir", default="/tmp/stoker-scale")
     p.add_argument("--max-seconds", type=float, default=60.0)
+    p.add_argument("--repeats", type=int, default=3, help="runs of each case (median shown)")
     p.add_argument("--memory-limit", default=None, help="cgroup limit for the largest size")
     p.add_argument("--prepare-only", action="store_true", help="build the datasets and stop")
     p.add_argument("--child", default=None)
@@ -219,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {platform.node()} {os.cpu_count()} CPUs, {platform.python_version()}; "
           f"load {os.getloadavg()[0]:.1f}", flush=True)
     results = [run_size(Path(args.workdir), n, args.max_seconds,
-                        limit if n == max(sizes) else None) for n in sizes]
+                        limit if n == max(sizes) else None, args.repeats) for n in sizes]
     print(table(results))
     return 0
 

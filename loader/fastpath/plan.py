@@ -214,11 +214,15 @@ def _column_meta(batches: Sequence[pa.RecordBatch], name: str, loc: _Locator) ->
 def _layout_meta(layout: IpcLayout, name: str, t: pa.DataType) -> np.ndarray:
     """:func:`_column_meta` of column ``name`` (type ``t``), from the file's layout."""
     node, buffer = layout.first_node[name], layout.first_buffer[name]
-    if _kind(t) == "fixed":
-        return layout.fixed_meta(node, buffer, *_fixed_layout(t)[:2])
-    big = pa.types.is_large_list(t) or pa.types.is_large_binary(t) or pa.types.is_large_string(t)
-    child = _fixed_layout(t.value_type)[:2] if _kind(t) == "list" else None
-    return layout.var_meta(node, buffer, big, child)
+    try:
+        if _kind(t) == "fixed":
+            return layout.fixed_meta(node, buffer, *_fixed_layout(t)[:2])
+        big = pa.types.is_large_list(t) or pa.types.is_large_binary(t) \
+            or pa.types.is_large_string(t)
+        child = _fixed_layout(t.value_type)[:2] if _kind(t) == "list" else None
+        return layout.var_meta(node, buffer, big, child)
+    except ValueError as exc:  # unaligned: as _Locator.offset says it
+        raise NotZeroCopy(str(exc)) from None
 
 
 class _ColumnMeta(dict):  # type: ignore[type-arg]

@@ -31,8 +31,6 @@ from stoker.manifest.webdataset_columns import SampleFormatError, parse_members,
 __all__ = ["IndexSource"]
 
 _CACHE_BYTES = 512 << 20
-
-
 _FOOTERS = 256  # Parquet footers kept (each can be tens of KB: columns x row groups)
 
 
