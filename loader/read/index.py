@@ -117,7 +117,7 @@ class IndexSource(ArrowSource):
         groups = RowGroups(self._verified_group,
                            lambda f: np.asarray(self.manifest.shards[f].batch_rows),
                            plan.kernel_columns, lambda b: self._stager.opened(b),  # type: ignore[union-attr]
-                           self._cache_bytes)
+                           self._cache_bytes, lambda: self._stager.layout)  # type: ignore[union-attr]
         self._staged_plan = plan
         self._stager = Stager(plan, options, rank, world_size, self.shard_rows,
                               self.fingerprint, self._starts, groups.runs)

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from stoker.loader.fastpath.plan import FastPlan, ShardData
     from stoker.loader.fastpath.ring import Slot
 
-__all__ = ["Stager"]
+__all__ = ["Stager", "StagedRecords"]
 
 
 _Key = tuple[int, int, int]  # (epoch, seed, block)
@@ -352,10 +352,27 @@ class Stager:
             pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _copy(rec: np.ndarray, fields: Sequence[Field], d: ShardData, first: np.ndarray,
-          end: np.ndarray, dest: np.ndarray) -> None:
+class StagedRecords:
+    """Rows already laid out as this stager's records (``uint8 [rows, stride]``): a decoded
+    Parquet row group, transposed once when it is decoded (stoker.loader.read.index_staging),
+    so a round's runs are copied out whole instead of column by column."""
+
+    def __init__(self, records: np.ndarray) -> None:
+        self.records = records
+
+    def copy_runs(self, rec: np.ndarray, first: np.ndarray, end: np.ndarray,
+                  dest: np.ndarray) -> None:
+        for lo, hi, to in zip(first.tolist(), end.tolist(), dest.tolist()):
+            rec[to:to + hi - lo] = self.records[lo:hi]
+
+
+def _copy(rec: np.ndarray, fields: Sequence[Field], d: ShardData | StagedRecords,
+          first: np.ndarray, end: np.ndarray, dest: np.ndarray) -> None:
     """Rows ``first[i]:end[i]`` of ``d`` -> records ``dest[i]...`` of ``rec``, every field;
     the pages read are advised first (all read at once, nothing around them)."""
+    if isinstance(d, StagedRecords):
+        d.copy_runs(rec, first, end, dest)
+        return
     advise_runs(d, fields, first, end)
     lists = []
     for f in fields:

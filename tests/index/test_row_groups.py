@@ -5,6 +5,8 @@ group in ascending order (a cycle), a large dataset's rounds slide over the grou
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -53,3 +55,55 @@ def test_a_sliding_window_decodes_each_group_once() -> None:
     for r in range(len(ALL) - 2):
         _round(groups, ALL[r:r + 3])  # the cursors' groups: three at a time, moving on
     assert reads == ALL
+
+
+def _layout_and_batch(kind: str, rows: int = 50) -> tuple[Any, pa.RecordBatch]:
+    from stoker.loader.fastpath.plan import FastPlan
+    from stoker.loader.fastpath.rowmajor import RecordLayout
+
+    rng = np.random.default_rng(7)
+    cols = {f"f{i}": pa.array(rng.random(rows, dtype=np.float32)) for i in range(3)}
+    cols["c0"] = pa.array(rng.integers(-5, 5, rows))
+    cols["seq"] = pa.FixedSizeListArray.from_arrays(
+        pa.array(rng.random(rows * 4, dtype=np.float32)), 4).cast(pa.list_(pa.float32()))
+    cols["label"] = pa.array(rng.integers(0, 2, rows))
+    if kind == "null":
+        cols["f1"] = pa.array(rng.random(rows, dtype=np.float32), mask=rng.random(rows) < 0.2)
+    elif kind == "cast":  # int32 categoricals become int64: the kernels cast
+        cols["c0"] = pa.array(rng.integers(-5, 5, rows).astype(np.int32))
+    elif kind == "ragged":
+        cols["seq"] = pa.array([[1.0] * (i % 3 + 3) for i in range(rows)], pa.list_(pa.float32()))
+    elif kind == "dict":
+        cols["c0"] = pa.array(rng.integers(0, 3, rows)).dictionary_encode()
+    batch = pa.record_batch(cols)
+    plan = FastPlan(batch.schema, ["seq", "label"], ["f0", "f1", "f2"], ["c0"])
+    layout = RecordLayout.of(plan, [pa.record_batch({**cols, "seq": pa.FixedSizeListArray
+                                     .from_arrays(pa.array(np.zeros(rows * 4, np.float32)), 4)
+                                     .cast(pa.list_(pa.float32()))})])
+    return layout, batch
+
+
+def test_plain_records_are_the_kernels_records() -> None:
+    from stoker.loader.fastpath import rowmajor
+    from stoker.loader.fastpath.plan import ShardData
+
+    from stoker.loader.read.index_staging import plain_records
+
+    layout, batch = _layout_and_batch("plain")
+    assert {f.name for f in layout.fields} == {"features", "categoricals", "seq", "label"}
+    got = plain_records(batch, layout)
+    assert got is not None
+    want = rowmajor.build(layout, ShardData([batch], None, batch.schema.names))
+    for f in layout.fields:  # the bytes of every field (padding between them is never read)
+        np.testing.assert_array_equal(got[:, f.offset:f.offset + f.nbytes],
+                                      want[:, f.offset:f.offset + f.nbytes], err_msg=f.name)
+    got[3, layout.fields[0].offset] ^= 1  # and the comparison sees one flipped bit
+    assert not np.array_equal(got[:, :layout.fields[0].nbytes], want[:, :layout.fields[0].nbytes])
+
+
+@pytest.mark.parametrize("kind", ["null", "cast", "ragged", "dict"])
+def test_what_is_not_plain_is_left_to_the_kernels(kind: str) -> None:
+    from stoker.loader.read.index_staging import plain_records
+
+    layout, batch = _layout_and_batch(kind)
+    assert plain_records(batch, layout) is None
