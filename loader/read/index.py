@@ -68,6 +68,7 @@ class IndexSource(ArrowSource):
         # file without parsing it (4 ms -> 0.1 ms for W1's 77-group file; an epoch reads
         # ~every group once, a file's groups in a row); bounded like the open shards
         self._footers: OrderedDict[int, pq.FileMetaData] = OrderedDict()
+        self._row_groups: RowGroups | None = None  # decoded groups of staged rounds
 
     # -- integrity -----------------------------------------------------------------------
     def _path(self, index: int) -> str:
@@ -108,6 +109,9 @@ class IndexSource(ArrowSource):
         if self._stager is not None:
             self._stager.close()
             self._stager = None
+        if self._row_groups is not None:
+            self._row_groups.close()
+            self._row_groups = None
         if self.manifest.kind != "parquet-index" or not options.shuffle or self.image \
                 or not FastPlan.supports(self._schema, self.features, self.categoricals):
             return False
@@ -118,7 +122,7 @@ class IndexSource(ArrowSource):
                            lambda f: np.asarray(self.manifest.shards[f].batch_rows),
                            plan.kernel_columns, lambda b: self._stager.opened(b),  # type: ignore[union-attr]
                            self._cache_bytes, lambda: self._stager.layout)  # type: ignore[union-attr]
-        self._staged_plan = plan
+        self._staged_plan, self._row_groups = plan, groups
         self._stager = Stager(plan, options, rank, world_size, self.shard_rows,
                               self.fingerprint, self._starts, groups.runs)
         return True
@@ -254,4 +258,6 @@ class IndexSource(ArrowSource):
         with self._lock:
             self._groups.clear()
             self._group_bytes = 0
+        if self._row_groups is not None:
+            self._row_groups.close()
         super().close()

@@ -11,8 +11,10 @@ a packed copy), so each group is decoded about once per epoch.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterator
 
 import numpy as np
@@ -20,6 +22,7 @@ import pyarrow as pa
 
 from stoker.loader.fastpath.plan import FastPlan, ShardData
 from stoker.loader.fastpath.rowmajor import RecordLayout
+from stoker.loader.jit import fork_gate
 from stoker.loader.read.staging import StagedRecords
 
 __all__ = ["RowGroups", "all_records", "plain_records"]
@@ -103,6 +106,8 @@ class RowGroups:
         self._bytes = 0
         self._round, self._last = 0, (-1, -1)
         self._lock = threading.Lock()
+        self._pending: dict[tuple[int, int], Future[None]] = {}  # groups decoding ahead
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None
         self.decoded = 0  # row groups decoded (statistics: ~ groups per epoch when it fits)
 
     def _group(self, file: int, group: int) -> ShardData | StagedRecords:
@@ -115,8 +120,18 @@ class RowGroups:
             if hit is not None:
                 self._kept[key] = (hit[0], hit[1], self._round)
                 self._kept.move_to_end(key)
-                return hit[0]
-        batches = self._read(file, group).combine_chunks().to_batches()
+            pending = self._pending.get(key)
+        if hit is None and pending is not None:
+            pending.result()  # decoding ahead: wait for it, then look again
+            with self._lock:
+                hit = self._kept.get(key)
+        data = hit[0] if hit is not None else self._load(key)
+        self._decode_ahead((file, group + 1))
+        return data
+
+    def _load(self, key: tuple[int, int]) -> ShardData | StagedRecords:
+        """Decode group ``key`` and keep it (dropping others past the budget)."""
+        batches = self._read(*key).combine_chunks().to_batches()
         self._opened(batches)
         layout = self._layout()
         records = plain_records(batches[0], layout) \
@@ -131,8 +146,36 @@ class RowGroups:
             self._kept[key] = (data, nbytes, self._round)
             self._bytes += nbytes
             while self._bytes > self._budget and len(self._kept) > 1:
-                self._bytes -= self._kept.pop(self._victim(key))[1]
+                self._bytes -= self._kept.pop(self._victim(max(key, self._last)))[1]
         return data
+
+    def _decode_ahead(self, key: tuple[int, int]) -> None:
+        """Decode the group after the one a round just read, in the background: a partition's
+        cursor enters it next, and a round that waits for a decode stalls the batches (5 M
+        W1 rows at 12 partitions: a round is 12 batches, a group 64 rounds of one cursor)."""
+        if key[1] >= len(self._group_rows(key[0])):
+            return
+        with self._lock:
+            if key in self._kept or key in self._pending or self._bytes >= self._budget:
+                return
+            if self._pool is None or self._pool[0] != os.getpid():  # none yet, or forked
+                self._pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="stoker-decode"))
+            self._pending[key] = self._pool[1].submit(self._ahead, key)
+
+    def _ahead(self, key: tuple[int, int]) -> None:
+        try:
+            with fork_gate.unit():  # reads Parquet through pyarrow: not split by a fork
+                self._load(key)
+        finally:
+            with self._lock:
+                self._pending.pop(key, None)
+
+    def close(self) -> None:
+        """Stop decoding ahead (a decode under way finishes); kept groups go with this."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None and pool[0] == os.getpid():
+            pool[1].shutdown(wait=False, cancel_futures=True)
 
     def _victim(self, current: tuple[int, int]) -> tuple[int, int]:
         """The kept group to drop for room while this round reads ``current``. Not plain
