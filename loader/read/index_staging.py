@@ -5,8 +5,10 @@ Staging (:mod:`stoker.loader.read.staging`) reads a round's runs of consecutive 
 partition's next round continues where its last one stopped, so a decoded row group serves
 about ``rows per group / K`` consecutive rounds. :class:`RowGroups` keeps the decoded groups
 the order's working set needs (``stoker.loader.read.order_plan`` sizes it: at most
-``P/W x span(3K)`` groups), as kernel inputs (:class:`~stoker.loader.fastpath.plan.ShardData` over
-a packed copy), so each group is decoded about once per epoch.
+``P/W x span(3K)`` groups), so each group is decoded about once per epoch: as the stager's
+records when its columns are plain (:func:`plain_records`: runs are then copied out whole),
+else as kernel inputs (:class:`~stoker.loader.fastpath.plan.ShardData` over a packed copy). The
+group after the one a round read is decoded ahead in a background thread.
 """
 
 from __future__ import annotations
@@ -82,7 +84,8 @@ def plain_records(batch: pa.RecordBatch, layout: RecordLayout) -> np.ndarray | N
 
 
 class RowGroups:
-    """Decoded row groups as kernel inputs, least recently used dropped past ``budget`` bytes.
+    """Decoded row groups (records or kernel inputs), dropped past ``budget`` bytes in the
+    order the rounds read them (:meth:`_victim`), the next one decoded ahead.
 
     Args:
         read: ``read(file, group)`` -> the group's table (verified, cast to the manifest).
