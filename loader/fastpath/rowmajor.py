@@ -31,7 +31,6 @@ import numpy as np
 import pyarrow as pa
 
 from stoker.loader.fastpath import kernels as k
-from stoker.loader.jit.kernel import kernel
 
 if TYPE_CHECKING:
     from stoker.loader.fastpath.plan import FastPlan, ShardData
@@ -43,7 +42,6 @@ __all__ = ["AUTO_BUDGET_BYTES", "Field", "RecordLayout", "RowMajorBudget", "buil
 #: quarter of physical memory when that is smaller.
 AUTO_BUDGET_BYTES = 2 << 30
 
-_BLOCK = 2048  # rows per list-copy block (bounds the kernels' scratch arrays)
 _TILE = 256  # rows per tile of copy_fixed: 256 rows x 64 float32 = 64 KiB stays in L1/L2
 
 
@@ -112,21 +110,6 @@ def _list_width(batches: Sequence[pa.RecordBatch], name: str) -> int:
             return 0
         width = lo
     return max(width, 0)
-
-
-@kernel
-def _copy_list(views, meta, starts, out):  # type: ignore[no-untyped-def]
-    """Every row of the shard, in order, through :func:`kernels.gather_list`, block by block."""
-    rows = np.empty(_BLOCK, dtype=np.int64)
-    for c in range(starts.shape[0] - 1):
-        for lo in range(starts[c], starts[c + 1], _BLOCK):
-            n = min(_BLOCK, starts[c + 1] - lo)
-            chunk = np.full(n, c, dtype=np.int64)
-            row = rows[:n]
-            for i in range(n):
-                row[i] = lo - starts[c] + i
-            dest = row + starts[c]
-            k.gather_list(views, meta, chunk, row, dest, out)
 
 
 def _allocate(rows: int, width: int, dtype: np.dtype) -> np.ndarray:
@@ -214,7 +197,9 @@ def build(layout: RecordLayout, data: ShardData, skip: Sequence[str] = (),
         if f.name in skip:
             continue
         if f.kind == "list":
-            _copy_list(data.views, data.meta[f.name], data.starts, view)
+            whole = np.zeros(1, dtype=np.int64)  # one run: every row of the shard, in order
+            k.copy_list_ranges(data.views, data.meta[f.name], data.starts, whole,
+                               data.starts[-1:], whole, view)
         else:
             k.copy_fixed(data.views, data.matrix_meta(f.columns), data.starts, _TILE, view)
     return rec

@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from stoker.loader.fastpath import record_check, rowmajor, warm
 from stoker.loader.fallbacks import note
-from stoker.loader.jit import fork_gate
+from stoker.loader.jit import executors, fork_gate
 from stoker.loader.fastpath.record_store import RecordStore
 from stoker.loader.fastpath.record_table import RecordTable
 
@@ -124,8 +124,8 @@ class ShardRecords:
                 self.dropped(index)
             pool, self._pool = self._pool, None
         if pool is not None and pool[0] == os.getpid():
-            pool[1].shutdown(wait=False, cancel_futures=True)
-            pool[2].shutdown(wait=False)  # atomic either way
+            executors.stop(pool[1])
+            executors.stop(pool[2], cancel_futures=False)  # atomic either way
 
     def wait(self) -> None:
         """Block until every record started so far is built and saved (tests, benchmarks)."""

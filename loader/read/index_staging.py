@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from stoker.loader.fastpath.plan import FastPlan, ShardData
 from stoker.loader.fastpath.rowmajor import RecordLayout
-from stoker.loader.jit import fork_gate
+from stoker.loader.jit import executors, fork_gate
 from stoker.loader.read.staging import StagedRecords
 
 __all__ = ["RowGroups", "all_records", "plain_records"]
@@ -178,7 +178,7 @@ class RowGroups:
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None and pool[0] == os.getpid():
-            pool[1].shutdown(wait=False, cancel_futures=True)
+            executors.stop(pool[1])
 
     def _victim(self, current: tuple[int, int]) -> tuple[int, int]:
         """The kept group to drop for room while this round reads ``current``. Not plain

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from stoker.loader.fastpath import kernels as k
-from stoker.loader.jit import fork_gate
+from stoker.loader.jit import executors, fork_gate
 from stoker.loader.order.epoch import EpochOrder, OrderOptions
 from stoker.loader.fastpath.record_table import _gather
 from stoker.loader.fastpath.rowmajor import _TILE, Field, RecordLayout, _allocate
@@ -349,7 +349,7 @@ class Stager:
         with self._cond:
             pool, self._pool = self._pool, None
         if pool is not None and self._pid == os.getpid():
-            pool.shutdown(wait=False, cancel_futures=True)
+            executors.stop(pool)
 
 
 class StagedRecords:
@@ -374,24 +374,10 @@ def _copy(rec: np.ndarray, fields: Sequence[Field], d: ShardData | StagedRecords
         d.copy_runs(rec, first, end, dest)
         return
     advise_runs(d, fields, first, end)
-    lists = []
     for f in fields:
         view = rec[:, f.offset:f.offset + f.nbytes].view(f.dtype)
         if f.kind == "list":
-            lists.append((f, view))
+            k.copy_list_ranges(d.views, d.meta[f.name], d.starts, first, end, dest, view)
         else:
             k.copy_ranges(d.views, d.matrix_meta(f.columns), d.starts, first, end, dest, _TILE,
                           view)
-    if lists:
-        n = end - first
-        rows = np.repeat(first, n) + _ramp(n)
-        to = np.repeat(dest, n) + _ramp(n)
-        chunk = np.searchsorted(d.starts, rows, side="right") - 1
-        for f, view in lists:
-            k.gather_list(d.views, d.meta[f.name], chunk, rows - d.starts[chunk], to, view)
-
-
-def _ramp(n: np.ndarray) -> np.ndarray:
-    """``[0, 1, ..., n[0]-1, 0, 1, ..., n[1]-1, ...]``."""
-    total = int(n.sum())
-    return np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)

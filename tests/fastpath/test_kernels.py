@@ -132,3 +132,39 @@ def test_unsupported_columns_go_through_arrow(t: pa.DataType) -> None:
     plan = FastPlan(pa.schema([("x", t), ("y", pa.int64())]), ["x", "y"], [], [])
     assert plan.arrow_columns == ["x"] and plan.kernel_columns == ["y"]
     assert not FastPlan.supports(pa.schema([("x", t)]), ["x"], [])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**16), t=st.sampled_from(LISTS + [pa.list_(pa.bool_()),
+                                                          pa.list_(pa.uint32())]),
+       rows=st.lists(st.integers(1, 40), min_size=1, max_size=4), nulls=st.sampled_from([0, 0.3]),
+       skew=st.integers(0, 3), cuts=st.lists(st.integers(0, 160), min_size=2, max_size=12))
+def test_list_runs_equal_the_row_gather(seed: int, t: pa.DataType, rows: list[int],
+                                        nulls: float, skew: int, cuts: list[int]) -> None:
+    """copy_list_ranges (staging and record builds walk runs of rows) writes exactly what
+    gather_list writes row by row, padding and nulls included, across record batches."""
+    from stoker.loader.fastpath import kernels as k
+
+    rng = np.random.default_rng(seed)
+    batches = _shard([t], rows, rng, nulls, skew)
+    data = ShardData(batches, None, ["c0"])
+    total = int(data.starts[-1])
+    bounds = sorted({min(c, total) for c in cuts} | {0, total})
+    firsts = np.array(bounds[:-1], dtype=np.int64)
+    ends = np.array(bounds[1:], dtype=np.int64)
+    order = rng.permutation(len(firsts))  # runs land anywhere in the output, in any order
+    firsts, ends = firsts[order], ends[order]
+    dests = np.concatenate([[0], np.cumsum(ends - firsts)[:-1]]).astype(np.int64)
+    lengths = [len(v) for b in batches for v in b.column(0).to_pylist() if v is not None]
+    width = max(lengths, default=0) + 1
+    dtype = np.uint8 if pa.types.is_boolean(t.value_type) else \
+        np.dtype(t.value_type.to_pandas_dtype())
+    got = np.full((total, width), 7, dtype=dtype)
+    k.copy_list_ranges(data.views, data.meta["c0"], data.starts, firsts, ends, dests, got)
+    rows_ = np.concatenate([np.arange(a, b) for a, b in zip(firsts, ends)]).astype(np.int64)
+    to = np.concatenate([np.arange(d, d + b - a) for a, b, d in zip(firsts, ends, dests)])
+    chunk = np.searchsorted(data.starts, rows_, side="right") - 1
+    want = np.full((total, width), 7, dtype=dtype)
+    k.gather_list(data.views, data.meta["c0"], chunk, rows_ - data.starts[chunk],
+                  to.astype(np.int64), want)
+    np.testing.assert_array_equal(got, want)  # NaN-aware, exact
