@@ -30,15 +30,16 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import functools
 import mmap
 import os
-import threading
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from stoker.loader import fallbacks
 from stoker.loader.fastpath import kernels as k
+from stoker.loader.fastpath.rowmajor import _physical_memory
 
 if TYPE_CHECKING:
     from stoker.loader.fastpath.plan import ShardData
@@ -56,16 +57,17 @@ for _code, _width in ((k.I8, 1), (k.I16, 2), (k.I32, 4), (k.I64, 8), (k.U8, 1), 
                       (k.U32, 4), (k.U64, 8), (k.F32, 4), (k.F64, 8)):
     _WIDTH[_code] = _width
 
-_libc_lock = threading.Lock()
-_libc: list[ctypes.CDLL | None] = []
+@functools.lru_cache(maxsize=None)
+def _libc() -> ctypes.CDLL | None:
+    path = ctypes.util.find_library("c")  # runs ldconfig: once per process
+    return ctypes.CDLL(path, use_errno=True) if path else None
 
 
+@functools.lru_cache(maxsize=None)
 def _libc_fn(name: str, *argtypes: type) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    with _libc_lock:
-        if not _libc:
-            path = ctypes.util.find_library("c")
-            _libc.append(ctypes.CDLL(path, use_errno=True) if path else None)
-        lib = _libc[0]
+    """libc's ``name`` with its argument types set, looked up once (a round calls ``mincore``
+    once per run)."""
+    lib = _libc()
     if lib is None or not hasattr(lib, name):
         return None
     fn = getattr(lib, name)
@@ -196,14 +198,11 @@ def advise_runs(d: ShardData, fields: Sequence[Field], first: np.ndarray,
 
 def memory_limit() -> int | None:
     """The memory this process may use, page cache included: the smaller of the machine's
-    (``MemTotal``) and its memory cgroup's limit (v1 ``memory.limit_in_bytes``, v2
+    (physical pages) and its memory cgroup's limit (v1 ``memory.limit_in_bytes``, v2
     ``memory.max``); ``None`` where neither can be read."""
-    limits = []
+    physical = _physical_memory()
+    limits = [] if physical is None else [physical]
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    limits.append(int(line.split()[1]) * 1024)
         with open("/proc/self/cgroup") as f:
             groups = [line.rstrip("\n").split(":", 2) for line in f]
     except (OSError, ValueError, IndexError):
