@@ -111,6 +111,7 @@ class RowGroups:
         self._lock = threading.Lock()
         self._pending: dict[tuple[int, int], Future[None]] = {}  # groups decoding ahead
         self._pool: tuple[int, ThreadPoolExecutor] | None = None
+        self._groups: dict[int, int] = {}  # row groups of each file, asked once
         self.decoded = 0  # row groups decoded (statistics: ~ groups per epoch when it fits)
 
     def _group(self, file: int, group: int) -> ShardData | StagedRecords:
@@ -156,7 +157,10 @@ class RowGroups:
         """Decode the group after the one a round just read, in the background: a partition's
         cursor enters it next, and a round that waits for a decode stalls the batches (5 M
         W1 rows at 12 partitions: a round is 12 batches, a group 64 rounds of one cursor)."""
-        if key[1] >= len(self._group_rows(key[0])):
+        count = self._groups.get(key[0])
+        if count is None:
+            count = self._groups[key[0]] = len(self._group_rows(key[0]))
+        if key[1] >= count:
             return
         with self._lock:
             if key in self._kept or key in self._pending or self._bytes >= self._budget:
