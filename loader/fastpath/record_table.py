@@ -20,7 +20,7 @@ from stoker.loader.jit import warmup
 from stoker.loader.jit.intrinsics import pointer, prefetch
 from stoker.loader.jit.kernel import compiled, kernel
 from stoker.loader.fastpath.rowmajor import Field, RecordLayout
-from stoker.loader.jit.search import last_at_or_below
+from stoker.loader.jit.search import bucket_index, find_run
 
 if TYPE_CHECKING:
     from stoker.loader.fastpath.ring import Slot
@@ -31,23 +31,22 @@ _AHEAD = 16  # rows prefetched ahead by the gather (0.09 ms per W1 batch; 4-32 a
 
 
 @kernel
-def _gather(ids, starts, addrs, stride, offsets, sizes,  # type: ignore[no-untyped-def]
-            out_addrs, out_strides, missing, marks, stamp, touched):
+def _gather(ids, starts, shift, bucket, addrs, stride,  # type: ignore[no-untyped-def]
+            offsets, sizes, out_addrs, out_strides, missing, marks, stamp, touched):
     """Write bytes ``offsets[f]:offsets[f] + sizes[f]`` of sample ``ids[i]``'s record at
     address ``out_addrs[f] + i * out_strides[f]`` (row ``i`` of output ``f``); returns
     ``(m, t)``: ``missing[:m]`` are the batch rows whose shard has no record
     (``addrs[shard] == 0``), ``touched[:t]`` the shards read (``marks`` holds the last
     ``stamp`` that saw each shard). Outputs go by address, not as a tuple of arrays: Numba
     types a tuple argument in Python on every call (~20 us), and one signature then serves
-    every layout."""
+    every layout. ``(shift, bucket)`` is ``starts``' :func:`~stoker.loader.jit.search.bucket_index`."""
     n = ids.shape[0]
-    last = starts.shape[0] - 1
     src = np.empty(n, dtype=np.int64)
     m = 0
     t = 0
     for i in range(n):
         g = ids[i]
-        lo = last_at_or_below(starts, g, 0, last)
+        lo = find_run(starts, shift, bucket, g)
         a = addrs[lo]
         if a == 0:
             src[i] = 0
@@ -103,6 +102,7 @@ class RecordTable:
         self._stamp = 0
         self._lock = threading.Lock()
         self._serving = self._describe(layout.fields)  # lists may drop out (see add)
+        self._bucket: tuple[object, int, np.ndarray] = (None, 0, np.zeros(1, dtype=np.int64))
 
     @staticmethod
     def _describe(fields: Sequence[Field]) -> tuple[tuple[Field, ...], np.ndarray, np.ndarray]:
@@ -187,8 +187,11 @@ class RecordTable:
             touched = np.empty(n, dtype=np.int64)
             out_addrs = np.array([o.__array_interface__["data"][0] for o in outs], dtype=np.int64)
             out_strides = np.array([o.strides[0] for o in outs], dtype=np.int64)
-            m, t = _gather(ids, starts, self.addrs, self.layout.stride, offsets, sizes,
-                           out_addrs, out_strides, missing, self._marks, stamp, touched)
+            if self._bucket[0] is not starts:  # the source's shard starts: one per source
+                self._bucket = (starts, *bucket_index(starts))
+            _, shift, bucket = self._bucket
+            m, t = _gather(ids, starts, shift, bucket, self.addrs, self.layout.stride, offsets,
+                           sizes, out_addrs, out_strides, missing, self._marks, stamp, touched)
         return arrays, missing[:m], touched[:t]
 
     def _gather_numpy(self, ids: np.ndarray, starts: np.ndarray, fields: Sequence[Field],

@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from stoker.loader.fastpath import kernels as k
 from stoker.loader.jit import executors, fork_gate
+from stoker.loader.jit.search import bucket_index
 from stoker.loader.order.epoch import EpochOrder, OrderOptions
 from stoker.loader.fastpath.record_table import _gather
 from stoker.loader.fastpath.rowmajor import _TILE, Field, RecordLayout, _allocate
@@ -63,8 +64,14 @@ class _Round:
         addr = self.buffer.ctypes.data + dest * stride
         self.starts = np.stack([gid, gid + length], 1).ravel()
         self.addrs = np.stack([addr, np.zeros_like(addr)], 1).ravel()
-        self.table = (np.concatenate([[0], self.starts, [_END]]),
-                      np.concatenate([[0], self.addrs, [0]]))
+        self.table = _table(np.concatenate([[0], self.starts, [_END]]),
+                            np.concatenate([[0], self.addrs, [0]]))
+
+
+def _table(starts: np.ndarray, addrs: np.ndarray) -> tuple[np.ndarray, int, np.ndarray,
+                                                          np.ndarray]:
+    """A round's lookup table as :func:`_gather` takes it: ``(starts, shift, bucket, addrs)``."""
+    return (starts, *bucket_index(starts), addrs)
 
 
 class Stager:
@@ -323,18 +330,18 @@ class Stager:
         fields = self.fields
         n = len(ids)
         if len(rounds) == 1:
-            starts, addrs = rounds[0].table
+            starts, shift, bucket, addrs = rounds[0].table
         else:
             starts = np.concatenate([r.starts for r in rounds])
             addrs = np.concatenate([r.addrs for r in rounds])
             o = np.lexsort((addrs != 0, starts))  # a run's start sorts after an equal gap end
-            starts = np.concatenate([[0], starts[o], [_END]])
-            addrs = np.concatenate([[0], addrs[o], [0]])
+            starts, shift, bucket, addrs = _table(np.concatenate([[0], starts[o], [_END]]),
+                                                  np.concatenate([[0], addrs[o], [0]]))
         arrays = {f.name: slot.array(f.name, (n, f.width), f.dtype) for f in fields}
         outs = [arrays[f.name].view(np.uint8) for f in fields]
         missing = np.empty(n, dtype=np.int64)
         if fields:
-            m, _ = _gather(ids, starts, addrs, layout.stride,
+            m, _ = _gather(ids, starts, shift, bucket, addrs, layout.stride,
                     np.array([f.offset for f in fields], dtype=np.int64),
                     np.array([f.nbytes for f in fields], dtype=np.int64),
                     np.array([o.__array_interface__["data"][0] for o in outs], dtype=np.int64),
