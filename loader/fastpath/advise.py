@@ -39,13 +39,14 @@ import numpy as np
 
 from stoker.loader import fallbacks
 from stoker.loader.fastpath import kernels as k
+from stoker.loader.fastpath.ipc_meta import message_ranges
 from stoker.loader.fastpath.rowmajor import _physical_memory
 
 if TYPE_CHECKING:
     from stoker.loader.fastpath.plan import ShardData
     from stoker.loader.fastpath.rowmajor import Field
 
-__all__ = ["advise_random", "advise_runs", "memory_limit", "page_ranges", "run_byte_ranges",
+__all__ = ["advise_list_offsets", "advise_open", "advise_random", "advise_runs", "memory_limit", "page_ranges", "run_byte_ranges",
            "shards_fit_memory"]
 
 _PAGE = mmap.PAGESIZE
@@ -194,6 +195,40 @@ def advise_runs(d: ShardData, fields: Sequence[Field], first: np.ndarray,
         total += _advise_all(fn, base, _absent(base, page_ranges(
             _ranges(d, fields, pieces, values=True), arena.size)))
     return total
+
+
+def advise_open(arena: object) -> int:
+    """Advise the pages pyarrow reads to open the IPC file ``arena`` (its footer and every
+    record batch's message), all at once, before it reads them: in a map advised
+    ``MADV_RANDOM`` each of those reads is otherwise a synchronous fault of its own, one
+    message after another (20 M W1 rows in 6 GiB: a first round opening 32 shards of 652
+    record batches took 15.7 s). Returns the bytes advised (0 for a file it does not parse)."""
+    fn = _libc_fn("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    ranges = message_ranges(arena)
+    if fn is None or ranges is None:
+        return 0
+    return _advise_all(fn, arena.address, page_ranges(ranges, arena.size))  # type: ignore[attr-defined]
+
+
+def advise_list_offsets(d: ShardData, names: Sequence[str]) -> int:
+    """Advise the validity and offsets buffers of list columns ``names`` in every record batch
+    of the mapped shard ``d``: a layout check reads them all when the shard opens
+    (:meth:`~stoker.loader.fastpath.rowmajor.RecordLayout.misfits`). Returns the bytes advised."""
+    fn = _libc_fn("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    if fn is None or not d.mapped or not names:
+        return 0
+    rows = np.diff(d.starts)
+    out = []
+    for name in names:
+        meta = d.meta[name][:len(rows)]  # [batches, (valid, offsets, big, offset, ...)]
+        ow = np.where(meta[:, 2] != 0, 8, 4)
+        has = meta[:, 0] >= 0
+        out += [np.stack([meta[:, 1] + meta[:, 3] * ow, meta[:, 1] + (meta[:, 3] + rows + 1) * ow]),
+                np.stack([(meta[:, 0] + meta[:, 3] // 8)[has],
+                          (meta[:, 0] + (meta[:, 3] + rows + 7) // 8)[has]])]
+    ranges = np.concatenate(out, axis=1)
+    return _advise_all(fn, d.arena.address, page_ranges(ranges[:, ranges[1] > ranges[0]],
+                                                        d.arena.size))
 
 
 def memory_limit() -> int | None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["IpcLayout", "read_layout"]
+__all__ = ["IpcLayout", "message_ranges", "read_layout"]
 
 _MAGIC = b"ARROW1"
 _CONTINUATION = 0xFFFFFFFF
@@ -142,7 +142,23 @@ def read_layout(arena: pa.Buffer, schema: pa.Schema) -> IpcLayout | None:
         return None
 
 
-def _read(buf: memoryview, schema: pa.Schema) -> IpcLayout:
+def message_ranges(arena: pa.Buffer) -> np.ndarray | None:
+    """Byte ranges (int64 ``[2, n]``, start and end) of the IPC file ``arena``'s footer and of
+    every record batch's message metadata: what pyarrow reads to open the file. ``None`` when
+    the file is not one this module parses."""
+    buf = memoryview(arena)
+    try:
+        footer, blocks = _blocks(buf)
+    except (_Unknown, struct.error, ValueError, IndexError):
+        return None
+    starts = np.concatenate([[footer], blocks[:, 0]])
+    ends = np.concatenate([[len(buf)], blocks[:, 0] + (blocks[:, 1] & 0xFFFFFFFF)])
+    return np.stack([starts, ends]).astype(np.int64)
+
+
+def _blocks(buf: memoryview) -> tuple[int, np.ndarray]:
+    """The footer's position and its record-batch blocks (``[count, 3]``: offset,
+    metaDataLength, bodyLength)."""
     size = len(buf)
     if size < 18 or bytes(buf[size - 6:]) != _MAGIC:
         raise _Unknown("not an IPC file")
@@ -156,6 +172,13 @@ def _read(buf: memoryview, schema: pa.Schema) -> IpcLayout:
     # Block: offset i64, metaDataLength i32 (+4 padding), bodyLength i64
     blocks = np.frombuffer(buf.obj, dtype="<i8", count=3 * count,  # type: ignore[call-overload]
                            offset=vec + 4).reshape(count, 3)
+    return footer, blocks
+
+
+def _read(buf: memoryview, schema: pa.Schema) -> IpcLayout:
+    size = len(buf)
+    _, blocks = _blocks(buf)
+    count = len(blocks)
     counts = [_buffer_counts(f.type) for f in schema]
     first_node, first_buffer = {}, {}
     nodes_total = buffers_total = 0

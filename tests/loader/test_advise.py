@@ -274,3 +274,49 @@ def test_memory_limit_and_what_fits() -> None:
     assert advise.shards_fit_memory(3 << 30, limit=6 << 30)
     assert not advise.shards_fit_memory((3 << 30) + 1, limit=6 << 30)
     assert not advise.shards_fit_memory(1 << 60)  # 1 EiB of shards: the node's limit is used
+
+
+def test_message_ranges_are_each_record_batch_metadata(shard: Path) -> None:
+    """One range per record batch, each exactly the message pyarrow reads there (its body
+    follows it byte for byte), and the footer to the file's end."""
+    from stoker.loader.fastpath.ipc_meta import message_ranges
+
+    arena = pa.py_buffer(shard.read_bytes())
+    ranges = message_ranges(arena)
+    assert ranges is not None and ranges.shape == (2, len(ROWS) + 1)
+    assert ranges[1, 0] == arena.size  # the footer runs to the end of the file
+    reader = pa.ipc.open_file(arena)
+    for i, (lo, hi) in enumerate(ranges[:, 1:].T.tolist()):
+        message = pa.ipc.read_message(pa.BufferReader(arena.slice(lo)))
+        assert message.type == "record batch"
+        assert arena.slice(hi, message.body.size).equals(message.body)
+        assert pa.ipc.read_record_batch(message, reader.schema).equals(reader.get_batch(i))
+    assert message_ranges(pa.py_buffer(b"not an arrow file at all")) is None
+
+
+def test_opening_advises_the_metadata_and_list_offsets_pyarrow_reads(tmp_path: Path) -> None:
+    """Evicted, a shard advised random has its messages and lists' offsets advised in one go:
+    after it, reading them (pyarrow's open, the layout's list check) reads nothing more
+    from disk, and the column values stay on disk."""
+    path = _write(tmp_path / "meta.arrow")
+    _evict(path)
+    with open(path, "rb") as f:
+        arena = pa.py_buffer(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
+    assert advise.advise_random(arena)
+    before = _read_bytes()
+    advised = advise.advise_open(arena)
+    assert advised > 0 and _read_bytes() - before == advised
+    table = pa.ipc.open_file(arena).read_all()
+    d = ShardData(table.to_batches(), arena, ["a", "b", "c", "d", "l"])
+    d.mapped = d.random_advised = True
+    offsets = advise.advise_list_offsets(d, ["l"])
+    assert offsets > 0
+    before = _read_bytes()
+    pa.ipc.open_file(arena).read_all()
+    for b in table.to_batches():  # what RecordLayout.misfits reads
+        np.frombuffer(b.column("l").buffers()[1], dtype=np.int32).sum()
+    assert _read_bytes() == before
+    col = table.column("a").chunks[1]
+    start = col.buffers()[1].address - arena.address
+    assert not _resident(d, start + PAGE, start + 48 * PAGE).any()
+    assert advise.advise_list_offsets(d, []) == 0
