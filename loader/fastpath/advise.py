@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     from stoker.loader.fastpath.plan import ShardData
     from stoker.loader.fastpath.rowmajor import Field
 
-__all__ = ["advise_list_offsets", "advise_open", "advise_random", "advise_runs", "memory_limit", "page_ranges", "run_byte_ranges",
-           "shards_fit_memory"]
+__all__ = ["advise_list_offsets", "advise_open", "advise_random", "advise_runs", "memory_limit",
+           "page_ranges", "run_byte_ranges", "shards_fit_memory"]
 
 _PAGE = mmap.PAGESIZE
 _RANDOM = getattr(mmap, "MADV_RANDOM", 1)
@@ -207,7 +207,8 @@ def advise_open(arena: object) -> int:
     ranges = message_ranges(arena)
     if fn is None or ranges is None:
         return 0
-    return _advise_all(fn, arena.address, page_ranges(ranges, arena.size))  # type: ignore[attr-defined]
+    base, size = arena.address, arena.size  # type: ignore[attr-defined]
+    return _advise_all(fn, base, page_ranges(ranges, size))
 
 
 def advise_list_offsets(d: ShardData, names: Sequence[str]) -> int:
@@ -223,7 +224,8 @@ def advise_list_offsets(d: ShardData, names: Sequence[str]) -> int:
         meta = d.meta[name][:len(rows)]  # [batches, (valid, offsets, big, offset, ...)]
         ow = np.where(meta[:, 2] != 0, 8, 4)
         has = meta[:, 0] >= 0
-        out += [np.stack([meta[:, 1] + meta[:, 3] * ow, meta[:, 1] + (meta[:, 3] + rows + 1) * ow]),
+        out += [np.stack([meta[:, 1] + meta[:, 3] * ow,
+                          meta[:, 1] + (meta[:, 3] + rows + 1) * ow]),
                 np.stack([(meta[:, 0] + meta[:, 3] // 8)[has],
                           (meta[:, 0] + (meta[:, 3] + rows + 7) // 8)[has]])]
     ranges = np.concatenate(out, axis=1)

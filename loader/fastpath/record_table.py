@@ -39,7 +39,8 @@ def _gather(ids, starts, shift, bucket, addrs, stride,  # type: ignore[no-untype
     (``addrs[shard] == 0``), ``touched[:t]`` the shards read (``marks`` holds the last
     ``stamp`` that saw each shard). Outputs go by address, not as a tuple of arrays: Numba
     types a tuple argument in Python on every call (~20 us), and one signature then serves
-    every layout. ``(shift, bucket)`` is ``starts``' :func:`~stoker.loader.jit.search.bucket_index`."""
+    every layout. ``(shift, bucket)`` is ``starts``'
+    :func:`~stoker.loader.jit.search.bucket_index`."""
     n = ids.shape[0]
     src = np.empty(n, dtype=np.int64)
     m = 0
