@@ -143,12 +143,18 @@ def _ranges(d: ShardData, fields: Sequence[Field],
         if values:
             out += _fixed(meta[:, 4:8], _offsets_at(d, meta, a), _offsets_at(d, meta, b))
         else:
-            ow = np.where(meta[:, 2] != 0, 8, 4)
-            has = meta[:, 0] >= 0
-            out += [np.stack([meta[:, 1] + a * ow, meta[:, 1] + (b + 1) * ow]),
-                    np.stack([(meta[:, 0] + a // 8)[has], (meta[:, 0] + (b + 7) // 8)[has]])]
+            out += _list_heads(meta, a, b)
     ranges = np.concatenate(out, axis=1) if out else np.empty((2, 0), np.int64)
     return ranges[:, ranges[1] > ranges[0]]
+
+
+def _list_heads(meta: np.ndarray, a: np.ndarray, b: np.ndarray) -> list[np.ndarray]:
+    """Byte ranges of list offsets and validity bits that rows ``a[i]:b[i]`` (in array
+    positions) of record batch ``meta[i]`` read."""
+    ow = np.where(meta[:, 2] != 0, 8, 4)
+    has = meta[:, 0] >= 0
+    return [np.stack([meta[:, 1] + a * ow, meta[:, 1] + (b + 1) * ow]),
+            np.stack([(meta[:, 0] + a // 8)[has], (meta[:, 0] + (b + 7) // 8)[has]])]
 
 
 def page_ranges(ranges: np.ndarray, size: int) -> np.ndarray:
@@ -222,12 +228,7 @@ def advise_list_offsets(d: ShardData, names: Sequence[str]) -> int:
     out = []
     for name in names:
         meta = d.meta[name][:len(rows)]  # [batches, (valid, offsets, big, offset, ...)]
-        ow = np.where(meta[:, 2] != 0, 8, 4)
-        has = meta[:, 0] >= 0
-        out += [np.stack([meta[:, 1] + meta[:, 3] * ow,
-                          meta[:, 1] + (meta[:, 3] + rows + 1) * ow]),
-                np.stack([(meta[:, 0] + meta[:, 3] // 8)[has],
-                          (meta[:, 0] + (meta[:, 3] + rows + 7) // 8)[has]])]
+        out += _list_heads(meta, meta[:, 3], meta[:, 3] + rows)
     ranges = np.concatenate(out, axis=1)
     return _advise_all(fn, d.arena.address, page_ranges(ranges[:, ranges[1] > ranges[0]],
                                                         d.arena.size))

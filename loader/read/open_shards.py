@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from stoker.loader.errors import WorkerError
 from stoker.loader.fastpath.advise import advise_list_offsets, advise_open, advise_random
-from stoker.loader.fastpath.plan import NotZeroCopy, ShardData
+from stoker.loader.fastpath.plan import NotZeroCopy, ShardData, _kind
 from stoker.manifest import Manifest, ShardIntegrityError
 
 __all__ = ["OpenShards", "ShardOpener"]
@@ -191,9 +191,8 @@ class OpenShards:
             if data is not None:
                 data.mapped, data.random_advised = True, random_advised
                 if random_advised:  # the record layout's check reads every list's offsets
-                    advise_list_offsets(data, [
-                        f.name for f in full.schema if f.name in self._columns
-                        and (pa.types.is_list(f.type) or pa.types.is_large_list(f.type))])
+                    advise_list_offsets(data, [f.name for f in full.schema if f.name in
+                                               self._columns and _kind(f.type) == "list"])
             if data is None and self.manifest.compression != "none":
                 table = table.combine_chunks()  # decompress once, not once per take
         except (OSError, pa.ArrowException) as exc:  # an unreadable file: name the shard

@@ -320,3 +320,29 @@ def test_opening_advises_the_metadata_and_list_offsets_pyarrow_reads(tmp_path: P
     start = col.buffers()[1].address - arena.address
     assert not _resident(d, start + PAGE, start + 48 * PAGE).any()
     assert advise.advise_list_offsets(d, []) == 0
+
+
+def test_a_shard_opened_advised_with_a_list_of_strings_reads(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only lists the kernels read (fixed-width values) have their offsets advised at open: a
+    list<string> column, read by pyarrow, is left alone instead of failing the batch."""
+    from loader_helpers import write_dataset
+
+    import stoker.loader.read.arrow as arrow
+    from stoker.loader import DataLoader, ReadOptions, ShuffleOptions
+
+    monkeypatch.setattr(arrow, "shards_fit_memory", lambda *a, **k: False)
+    tables = []
+    for s in range(3):
+        ids = np.arange(s * 40, s * 40 + 40)
+        tables.append(pa.table({"x": (ids * 0.5).astype(np.float32),
+                                "tags": pa.array([["a", str(i)] for i in ids])}))
+    write_dataset(tmp_path, tables, "none", 16)
+    dl = DataLoader(str(tmp_path), batch_size=8, seed=1, columns=["x", "tags"],
+                    read=ReadOptions(row_major="staged"),
+                    shuffle=ShuffleOptions(partitions=4, block_size=8))
+    got = [(b["x"].tolist(), b["tags"]) for b in dl]
+    assert all(d.random_advised for d in dl._source._shards.data.values() if d is not None)
+    x = [v for xs, _ in got for v in xs]
+    assert sorted(x) == sorted((np.arange(120) * 0.5).tolist())
+    assert all(t == ["a", str(int(v * 2))] for xs, ts in got for v, t in zip(xs, ts))
