@@ -117,6 +117,7 @@ class MixtureSource:
         self.fingerprint = mixture.fingerprint
         self.readers: list[ArrowSource] = []
         self._caches: list[Any] = []
+        self._passes: PassOrders | None = None
         named = reader_manifests(mixture) if named is None else named
         self.union = len(named) == 1  # mixture ids are then the one reader's global ids
         try:
@@ -133,13 +134,14 @@ class MixtureSource:
         # the concatenated shards: their sum is an epoch's length; OrderOptions.resolve reads them
         self.shard_rows = np.concatenate([m.shard_rows for m in mixture.manifests]).astype(np.int64)
         self._offsets = mixture.offsets
-        self._passes: PassOrders | None = None
 
     # -- order ----------------------------------------------------------------------------------
     def epoch_order(self, seed: int, epoch: int, options: OrderOptions) -> MixtureOrder:
         """The order of loader epoch ``epoch`` (the per-pass orders are shared and kept)."""
         passes = self._passes
         if passes is None or passes.seed != seed or passes.options != options:
+            if passes is not None:
+                passes.close()
             passes = self._passes = PassOrders([m.shard_rows for m in self.mixture.manifests],
                                                [m.fingerprint for m in self.mixture.manifests],
                                                seed, options)
@@ -202,7 +204,10 @@ class MixtureSource:
         return mixture_clock(self._caches, order, plan, step)
 
     def close(self) -> None:
-        """Close every source's reader and shard cache; idempotent."""
+        """Close every source's reader and shard cache, and stop the order's background
+        thread; idempotent."""
+        if self._passes is not None:
+            self._passes.close()
         for r in self.readers:
             r.close()
         for c in self._caches:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 from mixture_helpers import expected
 from stoker.loader import DataLoader
 from stoker.loader.order.mixture import Mixture
-from stoker.loader.order.mixture_order import source_order
+from stoker.loader.order.mixture_order import MixtureOrder, source_order
 
 WEIGHTS = {"web": math.sqrt(2), "code": math.sqrt(3), "books": math.sqrt(5)}
 
@@ -48,3 +49,43 @@ def test_rank_windows_follow_the_written_rule(sources, world: int) -> None:
             got = order.rank_ids(start, stop, rank, world)
             want = [model[k] for k in range(start, stop) if k % world == rank]
             assert got.tolist() == want, (rank, start, stop)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("batch", [5, 8, 13])
+def test_rank_windows_from_chunks_computed_ahead_follow_the_written_rule(
+        sources, world: int, batch: int) -> None:
+    """Consecutive batch windows read from chunks the background thread computed ahead (the
+    chunk of 8 positions is smaller than most batches, so windows cross chunk borders and
+    join the kept chunk's rest to the next), then a jump back and forth: every window is the
+    written rule's."""
+    mix, order, model = _order(sources, 11, 1)
+    ahead = MixtureOrder(mix, order.passes, 1, chunk=8)
+    L = mix.num_samples
+    windows = [(s, min(L, s + batch)) for s in range(0, L, batch)]
+    windows += [(3, 3 + batch), (L - batch, L), (0, batch)]
+    for rank in range(world):
+        for start, stop in windows:
+            got = ahead.rank_ids(start, stop, rank, world)
+            assert got.tolist() == [model[k] for k in range(start, stop) if k % world == rank]
+    # after each rank's first window, every consecutive one came from the thread's chunks
+    assert ahead.chunks_ahead >= world * (L // max(batch, 8) - 2)
+    wrong = model.copy()
+    wrong[0] += 1
+    assert ahead.rank_ids(0, 1, 0, 1).tolist() != [wrong[0]]  # the comparison can fail
+
+
+def test_the_order_thread_stops_with_its_loader_and_runs_inline_after(sources) -> None:
+    mix = Mixture({n: str(p) for n, p in sources.items()}, WEIGHTS)
+    dl = DataLoader(mix, batch_size=16, shuffle=True, seed=3)
+    passes = source_order(dl._source, 3, 0, dl.order_options).passes
+    model = expected(mix, 3, 0, mix.num_samples, dl.order_options)
+    want = [mix.offsets[s] + i for s, i in model]
+    order = MixtureOrder(mix, passes, 0, chunk=8)
+    assert order.rank_ids(0, 16, 0, 1).tolist() == want[:16]
+    assert passes._pool is not None  # chunks [16, 32) and [32, 48) are being computed ahead
+    assert any(t.name.startswith("stoker-order") for t in threading.enumerate())
+    dl.close()
+    assert passes._pool is None
+    assert order.rank_ids(16, 64, 0, 1).tolist() == want[16:64]  # inline now, same ids
+    assert passes._pool is None
