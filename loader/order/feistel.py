@@ -263,26 +263,36 @@ def order_range(start, stop, step, P, K, q, rem, pkeys,  # type: ignore[no-untyp
                 piece_pos, piece_gid):
     """int64 ``[O[k] for k in range(start, stop, step)]``.
 
-    Consecutive positions revisit the same block of each partition, so the piece search is
-    narrowed to the pieces of the partition's current block.
+    Consecutive positions revisit the same block of each partition, so what depends on the
+    block alone (its stream start, length, Feistel bits and key, and the pieces it spans) is
+    computed when a partition enters a block and kept per partition; a position then costs
+    its Feistel walk and a search narrowed to those pieces. Same values as :func:`order_at`.
     """
     n = max(0, (stop - start + step - 1) // step)
     out = np.empty(n, dtype=np.int64)
-    bits_k = _bits(K)
     cur = np.full(P, -1, dtype=np.int64)
     lo = np.zeros(P, dtype=np.int64)
     hi = np.zeros(P, dtype=np.int64)
+    base = np.zeros(P, dtype=np.int64)
+    blens = np.zeros(P, dtype=np.int64)
+    bits = np.zeros(P, dtype=np.int64)
+    bkeys = np.zeros(P, dtype=np.uint64)
     for i in range(n):
         k = start + i * step
         p = k % P
-        b = (k // P) // K
+        j = k // P
+        b = j // K
         if cur[p] != b:
             s0 = p * q + min(p, rem) + b * K
             blen = min(K, q + (1 if p < rem else 0) - b * K)
             cur[p] = b
+            base[p] = s0
+            blens[p] = blen
+            bits[p] = _bits(blen)
+            bkeys[p] = mix64(pkeys[p] + np.uint64(b + 1) * _U_GOLDEN)
             lo[p] = _find_piece(piece_pos, s0)
             hi[p] = _find_piece(piece_pos, s0 + blen - 1) + 1
-        t = _stream_pos(k, P, K, bits_k, q, rem, pkeys)
+        t = base[p] + feistel(j - b * K, blens[p], bits[p], bkeys[p])
         c = last_at_or_below(piece_pos, t, lo[p], hi[p])
         out[i] = piece_gid[c] + (t - piece_pos[c])
     return out
