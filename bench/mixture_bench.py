@@ -53,20 +53,22 @@ SPLIT = (1, 2, 3)
 NOTES = """\
 - The three sources share one schema and are local, so the mixture reads every batch with one
   reader over the union of their shards (stoker.loader.read.mixture_union): the read code is
-  a single dataset's. What the mixture still adds is (1) its order, computed 16 k positions
-  at a time in the consumer thread: the blend (positions/s below) and each source's own pass
-  order over its picks (one range kernel call per source and pass, then two O(window)
-  kernels place the ids; the `source` column is one kernel pass over a batch's ids): the
-  "order CPU" rows; and (2) the stream's locality: each source is shuffled over its own P
-  partitions (P resolved for the union: 360 here), and with sources of 100-300 k rows a
-  partition is a single block, so every row of every source is live at once, where one
-  dataset's order keeps P blocks of K = 1024 rows live (368 k of its 600 k rows). The same
-  single-source reader reads the mixture's ids slower than its own (the "reads" rows): that,
-  not the mixture's code, is what keeps W1 (a cheap, memory-bound read) below 90 %; it is
-  fixed by the order's definition (a mixture holds about one live block set per source), so
-  only a new order version could lower it. Computing the positions in the workers instead
-  would not lower the CPU per batch (at 2 thread workers the consumer thread was ~30 % busy,
-  so it is not the bottleneck); images, where decoding dominates, are at parity.
+  a single dataset's, and it reads the mixture's ids about as fast as its own (the "reads"
+  rows: the stream's locality). What the mixture adds is its order: the blend (positions/s
+  below) and each source's own pass order over its picks (one range kernel call per source
+  and pass, then two O(window) kernels place the ids; the `source` column is one kernel pass
+  over a batch's ids), computed 16 k positions at a time on a background thread
+  (`stoker-order`, two chunks ahead of the batch being read). The "order CPU" rows count
+  the process's CPU, both threads. Its sources' partitions are shorter than a block (100-300
+  k rows over P = 360), where a Feistel walk takes more steps, so an id costs more than one
+  dataset's.
+- With 0 workers that order runs on the otherwise idle second core, so the mixture can read
+  faster than the single source, which computes its ids per batch in the consumer. With 2
+  thread workers every core is busy, and the mixture's extra order CPU is the gap.
+- Until 81e3b5b the consumer computed each chunk itself when a batch crossed into it
+  (~1.3 ms): with prefetch_factor 2, two workers' queue held ~0.6 ms of work, so every chunk
+  drained it (W1 mixture at 2 workers: 83 % of the single source; 101 % with
+  prefetch_factor=8, which is how the cause was found).
 - Sources that cannot share a reader (other schemas, remote) are read one by one and merged;
   each reader call has a fixed cost (~0.1 ms here), so that path runs at about half the
   single-source rate on W1.
@@ -171,8 +173,9 @@ def run_pair(sources: list[Path], single: Path, workload: str, workers: int,
 
 
 def split(sources: list[Path], single: Path, repeats: int) -> dict[str, float]:
-    """The order's CPU ms per epoch (mixture, single) and the single reader's CPU ms per
-    epoch for its own ids and for the mixture's (see the module docstring)."""
+    """The order's CPU ms per epoch (mixture, single; process CPU: the mixture computes its
+    chunks on a background thread) and the single reader's CPU ms per epoch for its own ids
+    and for the mixture's (see the module docstring)."""
     from stoker.loader import DataLoader, Mixture
     from stoker.loader.order.mixture_order import source_order
     from stoker.loader.order.schedule import rank_batch_ids
@@ -188,10 +191,10 @@ def split(sources: list[Path], single: Path, repeats: int) -> dict[str, float]:
     for epoch in range(1, repeats + 1):
         ids = {}
         for name, dl in loaders.items():
-            t0 = time.thread_time()
+            t0 = time.process_time()
             order = source_order(dl._source, dl.seed, epoch, dl.order_options)
             ids[name] = [rank_batch_ids(order, dl._plan, s) for s in range(len(dl))]
-            times.setdefault(f"order CPU ms/epoch, {name}", []).append(time.thread_time() - t0)
+            times.setdefault(f"order CPU ms/epoch, {name}", []).append(time.process_time() - t0)
         for name in ("single", "mixture")[::1 if epoch % 2 else -1]:  # alternate who goes first
             t0 = time.thread_time()
             for batch in ids[name]:
