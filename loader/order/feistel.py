@@ -44,7 +44,8 @@ __all__ = [
 ]
 
 ROUNDS = 6
-"""Feistel rounds; even, so the unbalanced halves end where they started."""
+"""Feistel rounds; even, so the unbalanced halves end where they started (``_encrypt_lanes``
+writes the six out)."""
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -259,14 +260,47 @@ def _stream_pos(k, P, K, bits_k, q, rem, pkeys):  # type: ignore[no-untyped-def]
 
 
 @kernel
+def _encrypt_lanes(x, bits, keys, out, m):  # type: ignore[no-untyped-def]
+    """``out[i] = _encrypt(x[i], bits[i], keys[i])`` for ``i < m``: one branch-free loop with
+    the rounds written out, which LLVM vectorises (the lanes' shifts differ; ~1.8x faster
+    per encryption than :func:`_encrypt` one position at a time)."""
+    for i in range(m):
+        bt = np.uint64(bits[i])
+        b = bt >> _U1
+        a = bt - b
+        ma = (_U1 << a) - _U1
+        mb = (_U1 << b) - _U1
+        k = keys[i]
+        v = x[i]
+        k = k + _U_GOLDEN  # rounds 1-6 (ROUNDS), halves (a, b) then (b, a), as _encrypt
+        v = ((v & mb) << a) | ((v >> b) ^ (mix64((v & mb) ^ k) & ma))
+        k = k + _U_GOLDEN
+        v = ((v & ma) << b) | ((v >> a) ^ (mix64((v & ma) ^ k) & mb))
+        k = k + _U_GOLDEN
+        v = ((v & mb) << a) | ((v >> b) ^ (mix64((v & mb) ^ k) & ma))
+        k = k + _U_GOLDEN
+        v = ((v & ma) << b) | ((v >> a) ^ (mix64((v & ma) ^ k) & mb))
+        k = k + _U_GOLDEN
+        v = ((v & mb) << a) | ((v >> b) ^ (mix64((v & mb) ^ k) & ma))
+        k = k + _U_GOLDEN
+        v = ((v & ma) << b) | ((v >> a) ^ (mix64((v & ma) ^ k) & mb))
+        out[i] = v
+
+
+_LANES = 128  # positions order_range takes through each step at a time
+
+
+@kernel
 def order_range(start, stop, step, P, K, q, rem, pkeys,  # type: ignore[no-untyped-def]
                 piece_pos, piece_gid):
     """int64 ``[O[k] for k in range(start, stop, step)]``.
 
     Consecutive positions revisit the same block of each partition, so what depends on the
     block alone (its stream start, length, Feistel bits and key, and the pieces it spans) is
-    computed when a partition enters a block and kept per partition; a position then costs
-    its Feistel walk and a search narrowed to those pieces. Same values as :func:`order_at`.
+    computed when a partition enters a block and kept per partition. Positions go
+    ``_LANES`` at a time: their block offsets are gathered, encrypted once in one vectorised
+    loop (:func:`_encrypt_lanes`), then walked (the rare re-encryptions) and searched in the
+    pieces of their block. Same values as :func:`order_at`.
     """
     n = max(0, (stop - start + step - 1) // step)
     out = np.empty(n, dtype=np.int64)
@@ -277,24 +311,56 @@ def order_range(start, stop, step, P, K, q, rem, pkeys,  # type: ignore[no-untyp
     blens = np.zeros(P, dtype=np.int64)
     bits = np.zeros(P, dtype=np.int64)
     bkeys = np.zeros(P, dtype=np.uint64)
-    for i in range(n):
-        k = start + i * step
-        p = k % P
-        j = k // P
-        b = j // K
-        if cur[p] != b:
-            s0 = p * q + min(p, rem) + b * K
-            blen = min(K, q + (1 if p < rem else 0) - b * K)
-            cur[p] = b
-            base[p] = s0
-            blens[p] = blen
-            bits[p] = _bits(blen)
-            bkeys[p] = mix64(pkeys[p] + np.uint64(b + 1) * _U_GOLDEN)
-            lo[p] = _find_piece(piece_pos, s0)
-            hi[p] = _find_piece(piece_pos, s0 + blen - 1) + 1
-        t = base[p] + feistel(j - b * K, blens[p], bits[p], bkeys[p])
-        c = last_at_or_below(piece_pos, t, lo[p], hi[p])
-        out[i] = piece_gid[c] + (t - piece_pos[c])
+    # a lane keeps its block's values: a partition may enter its next block within the same
+    # _LANES positions (P < _LANES)
+    lane_base = np.empty(_LANES, dtype=np.int64)
+    lane_len = np.empty(_LANES, dtype=np.int64)
+    lane_lo = np.empty(_LANES, dtype=np.int64)
+    lane_hi = np.empty(_LANES, dtype=np.int64)
+    lane_x = np.empty(_LANES, dtype=np.uint64)
+    lane_bits = np.empty(_LANES, dtype=np.int64)
+    lane_key = np.empty(_LANES, dtype=np.uint64)
+    lane_y = np.empty(_LANES, dtype=np.uint64)
+    p = start % P  # (p, j) = divmod(k, P), stepped without a division per position
+    j = start // P
+    for i0 in range(0, n, _LANES):
+        m = min(_LANES, n - i0)
+        for t in range(m):
+            if i0 + t:
+                p += step
+                while p >= P:
+                    p -= P
+                    j += 1
+            b = j // K
+            if cur[p] != b:
+                s0 = p * q + min(p, rem) + b * K
+                blen = min(K, q + (1 if p < rem else 0) - b * K)
+                cur[p] = b
+                base[p] = s0
+                blens[p] = blen
+                bits[p] = _bits(blen)
+                bkeys[p] = mix64(pkeys[p] + np.uint64(b + 1) * _U_GOLDEN)
+                lo[p] = _find_piece(piece_pos, s0)
+                hi[p] = _find_piece(piece_pos, s0 + blen - 1) + 1
+            lane_base[t] = base[p]
+            lane_len[t] = blens[p]
+            lane_lo[t] = lo[p]
+            lane_hi[t] = hi[p]
+            lane_x[t] = np.uint64(j - b * K)
+            lane_bits[t] = bits[p]
+            lane_key[t] = bkeys[p]
+        _encrypt_lanes(lane_x, lane_bits, lane_key, lane_y, m)
+        for t in range(m):
+            blen = lane_len[t]
+            if blen <= 1:  # as feistel: a block of one is the identity
+                y = lane_x[t]
+            else:
+                y = lane_y[t]
+                while y >= np.uint64(blen):  # cycle walking
+                    y = _encrypt(y, lane_bits[t], lane_key[t])
+            pos = lane_base[t] + np.int64(y)
+            c = last_at_or_below(piece_pos, pos, lane_lo[t], lane_hi[t])
+            out[i0 + t] = piece_gid[c] + (pos - piece_pos[c])
     return out
 
 
