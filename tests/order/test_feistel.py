@@ -72,3 +72,28 @@ def test_numpy_twin_matches_the_kernel(P: int, K: int, n: int, pieces: int, key:
                   dtype=np.int64)
     args = (np.int64(P), np.int64(K), np.int64(q), np.int64(rem), pkeys, pos, gid)
     assert k.order_at_np(ks, *args).tolist() == k.order_at(ks, *args).tolist()
+
+
+@settings(max_examples=80, deadline=None)
+@given(P=st.integers(1, 300), K=st.integers(1, 70), n=st.integers(1, 3000),
+       pieces=st.integers(1, 6), key=st.integers(0, 2**64 - 1), step=st.integers(1, 7),
+       data=st.data())
+def test_order_range_equals_random_access_across_lane_groups(
+        P: int, K: int, n: int, pieces: int, key: int, step: int, data: st.DataObject) -> None:
+    """order_range (positions 128 at a time, one vectorised encryption per group) == order_at
+    (one position at a time), for windows that cross groups, blocks and, with P < 128, a
+    partition's next block inside one group."""
+    q, rem = n // P, n % P
+    pkeys = k.hash_keys(np.uint64(key), P)
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(n - 1, 1)), max_size=pieces - 1))))
+    pos = np.array([0] + [c for c in cuts if c < n], dtype=np.int64)
+    gid = np.array(data.draw(st.permutations(range(len(pos))))) * 10_000
+    start = data.draw(st.integers(0, n))
+    stop = data.draw(st.integers(start, n))
+    args = (np.int64(P), np.int64(K), np.int64(q), np.int64(rem), pkeys, pos, gid)
+    want = k.order_at(np.arange(start, stop, step, dtype=np.int64), *args)
+    got = k.order_range(np.int64(start), np.int64(stop), np.int64(step), *args)
+    assert got.tolist() == want.tolist()
+    if len(want):
+        want[len(want) // 2] += 1
+        assert got.tolist() != want.tolist()  # the comparison can fail
