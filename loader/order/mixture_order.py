@@ -30,8 +30,7 @@ from stoker.loader.order.mixture_kernel import pick_spans, place
 __all__ = ["MixtureOrder", "PassOrders", "source_order"]
 
 _CHUNK = 16_384  # positions whose ids rank_ids computes in one go (MixtureOrder(chunk=))
-# chunks computed ahead: one was late now and then with 2 thread workers on 2 cores (the order
-# thread gets a third of a core), and each late chunk drained the workers' queue
+# chunks computed ahead: slack for an order thread that shares the cores with busy workers
 _AHEAD = 2
 
 
