@@ -14,8 +14,8 @@ the per-repeat slowdowns against (a), the share of the epoch's wall time spent i
 digests (timed around each call: robust to the run-to-run noise of a shared machine) and
 their median per batch; the digest's own cost on one hot W1 batch three ways (from the
 tensors as the audit does, from the arrays behind them as the fast path does, and the bare
-xxh3 pass: the floor); and whether handing the xxh3 pass to a helper thread, to overlap it
-with GIL-free work on the other core, pays for the hand-off.
+xxh3 pass: the floor); whether handing the xxh3 pass to a helper thread, to overlap it
+with GIL-free work on the other core, pays for the hand-off; and xxh3's GB/s by buffer size.
 """
 
 from __future__ import annotations
@@ -226,7 +226,23 @@ def main(argv: list[str] | None = None) -> int:
           + f" ({nbytes / speed['xxh3 alone'] / 1e3:.0f} GB/s)")
     print("hand-off to a helper thread, median us: "
           + ", ".join(f"{k} {v:.1f}" for k, v in handoff.items()))
+    print("xxh3 GB/s by buffer size (hot): "
+          + ", ".join(f"{kb} KB {rate:.0f}" for kb, rate in xxh3_by_size().items()))
     return 0
+
+
+def xxh3_by_size() -> dict[int, float]:
+    """GB/s of python-xxhash's xxh3-64 over a hot buffer of 4 KB .. 1 MB (median of 5): is the
+    pass bound by the cache level the bytes sit in, or by its own compute?"""
+    import numpy as np
+    import xxhash
+
+    out = {}
+    for kb in (4, 16, 256, 1024):
+        buf = np.random.default_rng(0).random(kb * 128)
+        seconds = lb.median_seconds(lambda: xxhash.xxh3_64_intdigest(buf, 5), 200_000 // kb)
+        out[kb] = buf.nbytes / seconds / 1e9
+    return out
 
 
 if __name__ == "__main__":
