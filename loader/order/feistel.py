@@ -321,6 +321,11 @@ def order_range(start, stop, step, P, K, q, rem, pkeys,  # type: ignore[no-untyp
     lane_bits = np.empty(_LANES, dtype=np.int64)
     lane_key = np.empty(_LANES, dtype=np.uint64)
     lane_y = np.empty(_LANES, dtype=np.uint64)
+    walk = np.empty(_LANES, dtype=np.int64)
+    walk_x = np.empty(_LANES, dtype=np.uint64)
+    walk_bits = np.empty(_LANES, dtype=np.int64)
+    walk_key = np.empty(_LANES, dtype=np.uint64)
+    walk_y = np.empty(_LANES, dtype=np.uint64)
     p = start % P  # (p, j) = divmod(k, P), stepped without a division per position
     j = start // P
     for i0 in range(0, n, _LANES):
@@ -350,15 +355,30 @@ def order_range(start, stop, step, P, K, q, rem, pkeys,  # type: ignore[no-untyp
             lane_bits[t] = bits[p]
             lane_key[t] = bkeys[p]
         _encrypt_lanes(lane_x, lane_bits, lane_key, lane_y, m)
+        w = 0  # cycle walking: lanes outside their block encrypt again, together
         for t in range(m):
-            blen = lane_len[t]
-            if blen <= 1:  # as feistel: a block of one is the identity
-                y = lane_x[t]
-            else:
-                y = lane_y[t]
-                while y >= np.uint64(blen):  # cycle walking
-                    y = _encrypt(y, lane_bits[t], lane_key[t])
-            pos = lane_base[t] + np.int64(y)
+            if lane_len[t] <= 1:  # as feistel: a block of one is the identity
+                lane_y[t] = lane_x[t]
+            elif lane_y[t] >= np.uint64(lane_len[t]):
+                walk[w] = t
+                w += 1
+        while w:
+            for u in range(w):
+                t = walk[u]
+                walk_x[u] = lane_y[t]
+                walk_bits[u] = lane_bits[t]
+                walk_key[u] = lane_key[t]
+            _encrypt_lanes(walk_x, walk_bits, walk_key, walk_y, w)
+            left = 0
+            for u in range(w):
+                t = walk[u]
+                lane_y[t] = walk_y[u]
+                if walk_y[u] >= np.uint64(lane_len[t]):
+                    walk[left] = t
+                    left += 1
+            w = left
+        for t in range(m):
+            pos = lane_base[t] + np.int64(lane_y[t])
             c = last_at_or_below(piece_pos, pos, lane_lo[t], lane_hi[t])
             out[i0 + t] = piece_gid[c] + (pos - piece_pos[c])
     return out
