@@ -75,11 +75,13 @@ class PassOrders:
             return self._pool.submit(unit)
 
     def close(self) -> None:
-        """Stop the background thread (chunks not yet computed are dropped); idempotent."""
+        """Stop the background thread once the chunks asked of it are computed (~1 ms each:
+        an order still holding their futures gets its ids, never a cancellation); later
+        chunks are computed inline. Idempotent."""
         with self._lock:
             pool, self._pool, self._closed = self._pool, None, True
         if pool is not None:
-            executors.stop(pool)
+            executors.stop(pool, cancel_futures=False)
 
     def get(self, source: int, pass_: int) -> EpochOrder:
         key = (source, pass_)

@@ -76,16 +76,23 @@ def test_rank_windows_from_chunks_computed_ahead_follow_the_written_rule(
 
 
 def test_the_order_thread_stops_with_its_loader_and_runs_inline_after(sources) -> None:
+    """Closing the loader stops the thread; chunks already asked of it are still computed
+    (an order holding their futures gets its ids, not a cancellation), later ones inline."""
     mix = Mixture({n: str(p) for n, p in sources.items()}, WEIGHTS)
     dl = DataLoader(mix, batch_size=16, shuffle=True, seed=3)
     passes = source_order(dl._source, 3, 0, dl.order_options).passes
     model = expected(mix, 3, 0, mix.num_samples, dl.order_options)
     want = [mix.offsets[s] + i for s, i in model]
+    gate = threading.Event()
+    passes.ahead(gate.wait)  # keeps the thread busy: the chunks below wait in its queue
     order = MixtureOrder(mix, passes, 0, chunk=8)
     assert order.rank_ids(0, 16, 0, 1).tolist() == want[:16]
-    assert passes._pool is not None  # chunks [16, 32) and [32, 48) are being computed ahead
+    assert passes._pool is not None  # chunks [16, 32) and [32, 48) are queued on the thread
     assert any(t.name.startswith("stoker-order") for t in threading.enumerate())
     dl.close()
     assert passes._pool is None
-    assert order.rank_ids(16, 64, 0, 1).tolist() == want[16:64]  # inline now, same ids
+    gate.set()
+    assert order.rank_ids(16, 32, 0, 1).tolist() == want[16:32]  # queued before close
+    assert order.chunks_ahead == 1
+    assert order.rank_ids(32, 80, 0, 1).tolist() == want[32:80]  # inline now, same ids
     assert passes._pool is None
