@@ -349,7 +349,7 @@ def gather_profile(data: Path, batches: int = 300) -> dict[str, dict[str, float]
                 for o in plan.outputs:
                     t = time.perf_counter()
                     if o.kind == "list":
-                        plan._list(o, groups, W1_BATCH, slot, {})
+                        plan._list(o, groups, W1_BATCH, slot, {}, {})
                     else:
                         arr = slot.array(o.name, (W1_BATCH, len(o.columns)), o.dtype)
                         for d, chunk, row, dest in groups:
