@@ -148,23 +148,11 @@ def made() -> bool:
     return _made.is_set()
 
 
-_compiled: set[int] = set()  # ids of dispatchers seen compiled (signatures only grow)
-
-
 def compiled(fn: Any) -> bool:
     """Whether kernel ``fn`` has a compiled specialisation in this process, without making it:
-    a stand-in not made yet has none (asking must not import Numba on the caller's thread).
-    Asked per batch, so a yes is remembered: Numba's ``signatures`` builds a list of hashed
-    types (~5 us)."""
+    a stand-in not made yet has none (asking must not import Numba on the caller's thread)."""
     real = fn._real if isinstance(fn, Lazy) else fn
-    if real is None:
-        return False
-    if id(real) in _compiled:
-        return True
-    if real.signatures:
-        _compiled.add(id(real))
-        return True
-    return False
+    return real is not None and bool(real.signatures)
 
 
 def _named(module: str, qualname: str) -> Any:

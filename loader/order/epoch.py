@@ -159,7 +159,7 @@ class EpochOrder:
             return np.arange(start, stop, step, dtype=np.int64)
         if stop <= start:
             return np.empty(0, dtype=np.int64)
-        if not compiled(_k.order_range) and warmup.warming():  # a fresh process or node
+        if warmup.warming() and not compiled(_k.order_range):  # a fresh process or node
             return _k.order_at_np(np.arange(start, stop, step, dtype=np.int64),
                                   *self._kernel_args())
         return _k.order_range(np.int64(start), np.int64(stop), np.int64(step),

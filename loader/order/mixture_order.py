@@ -45,8 +45,7 @@ class PassOrders:
         self._keep = keep
         self._cache: OrderedDict[tuple[int, int], EpochOrder] = OrderedDict()
         self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_pid = 0
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid that started it, pool)
         self._closed = False
 
     def __getstate__(self) -> dict[str, Any]:
@@ -56,23 +55,22 @@ class PassOrders:
         self.__dict__.update(state)
         self._cache, self._lock, self._pool = OrderedDict(), threading.Lock(), None
 
-    def ahead(self, fn: Any, *args: Any) -> Future[Any]:
+    def ahead(self, fn: Any, *args: Any) -> Future[Any] | None:
         """``fn(*args)`` on the background thread, as a unit a fork waits for (it takes
-        :meth:`get`'s lock and runs kernels). A forked child starts its own thread: it has
-        none of its parent's. Once closed, ``fn`` runs here and the future is done."""
+        :meth:`get`'s lock and runs kernels); ``None`` once closed (the caller computes it
+        when it needs it). A forked child starts its own thread: it has none of its
+        parent's."""
         def unit() -> Any:
             with fork_gate.unit():
                 return fn(*args)
 
-        if self._closed:
-            done: Future[Any] = Future()
-            done.set_result(fn(*args))
-            return done
         with self._lock:
-            if self._pool is None or self._pool_pid != os.getpid():
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="stoker-order")
-                self._pool_pid = os.getpid()
-            return self._pool.submit(unit)
+            if self._closed:
+                return None
+            if self._pool is None or self._pool[0] != os.getpid():
+                self._pool = (os.getpid(),
+                              ThreadPoolExecutor(1, thread_name_prefix="stoker-order"))
+            return self._pool[1].submit(unit)
 
     def close(self) -> None:
         """Stop the background thread once the chunks asked of it are computed (~1 ms each:
@@ -81,7 +79,7 @@ class PassOrders:
         with self._lock:
             pool, self._pool, self._closed = self._pool, None, True
         if pool is not None:
-            executors.stop(pool, cancel_futures=False)
+            executors.stop(pool[1], cancel_futures=False)
 
     def get(self, source: int, pass_: int) -> EpochOrder:
         key = (source, pass_)
@@ -193,15 +191,17 @@ class MixtureOrder:
         while len(self._ahead) < _AHEAD:
             end = self._ahead[-1][3] if self._ahead else kept[3]
             lo = end + (rank - end) % world_size
-            if lo >= self.num_samples:
+            hi = min(self.num_samples, lo + size)
+            future = self.passes.ahead(self._chunk_ids, lo, hi, world_size) \
+                if lo < self.num_samples else None
+            if future is None:
                 break
-            self._ahead.append((lo, rank, world_size, min(self.num_samples, lo + size),
-                                self.passes.ahead(self._chunk_ids, lo, lo + size, world_size)))
+            self._ahead.append((lo, rank, world_size, hi, future))
         lo = (first - kept[0]) // world_size
         return kept[4][lo:lo + len(range(first, stop, world_size))].copy()
 
     def _chunk_ids(self, first: int, hi: int, world_size: int) -> np.ndarray:
-        src, pick = self.sources(first, min(self.num_samples, hi))
+        src, pick = self.sources(first, hi)
         return self._ids(src[::world_size], pick[::world_size])
 
     def _chunk_at(self, first: int, hi: int, rank: int,

@@ -12,7 +12,7 @@ import pytest
 from mixture_helpers import expected
 from stoker.loader import DataLoader
 from stoker.loader.order.mixture import Mixture
-from stoker.loader.order.mixture_order import MixtureOrder, source_order
+from stoker.loader.order.mixture_order import MixtureOrder, PassOrders, source_order
 
 WEIGHTS = {"web": math.sqrt(2), "code": math.sqrt(3), "books": math.sqrt(5)}
 
@@ -59,8 +59,9 @@ def test_rank_windows_from_chunks_computed_ahead_follow_the_written_rule(
     chunk of 8 positions is smaller than most batches, so windows cross chunk borders and
     join the kept chunk's rest to the next), then a jump back and forth: every window is the
     written rule's."""
-    mix, order, model = _order(sources, 11, 1)
-    ahead = MixtureOrder(mix, order.passes, 1, chunk=8)
+    mix, order, model = _order(sources, 11, 1)  # its loader is closed: a fresh thread here
+    passes = PassOrders(order.passes._rows, order.passes._fps, 11, order.options)
+    ahead = MixtureOrder(mix, passes, 1, chunk=8)
     L = mix.num_samples
     windows = [(s, min(L, s + batch)) for s in range(0, L, batch)]
     windows += [(3, 3 + batch), (L - batch, L), (0, batch)]
@@ -70,6 +71,7 @@ def test_rank_windows_from_chunks_computed_ahead_follow_the_written_rule(
             assert got.tolist() == [model[k] for k in range(start, stop) if k % world == rank]
     # after each rank's first window, every consecutive one came from the thread's chunks
     assert ahead.chunks_ahead >= world * (L // max(batch, 8) - 2)
+    passes.close()
     wrong = model.copy()
     wrong[0] += 1
     assert ahead.rank_ids(0, 1, 0, 1).tolist() != [wrong[0]]  # the comparison can fail
