@@ -1,10 +1,13 @@
-"""Why thread workers lose on W1 without shuffle: how much of a batch holds the GIL.
+"""Why thread workers lost on W1: how much of a batch holds the GIL, and what a hand-over costs.
 
 ``.venv/bin/python bench/gil_bench.py [--rows N]`` reads W1 (bench/loader_bench.py's data,
 built if missing) through one ``ArrowSource`` (records built and mapped first), all batches
 of an epoch, once in one thread and once split over two threads, for natural order and for
-random ids (what shuffle gives). If two threads are not faster, the batch is bound by Python
-holding the GIL, not by the nogil kernels; the cProfile lines show where that Python time is.
+random ids (what shuffle gives): one batch per call (``fetch``), and groups of
+``--group`` batches per call (``fetch_group``, what a thread worker does). It also times a
+hand-over between two threads (a lock passed back and forth), the price of every GIL
+hand-over. If two threads are not faster, the batch is bound by Python holding the GIL or by
+hand-overs, not by the nogil kernels; the cProfile lines show where that Python time is.
 """
 
 from __future__ import annotations
@@ -24,6 +27,29 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 
+def handover(rounds: int = 20_000) -> float:
+    """Seconds per round trip of a lock passed between two threads: each pass wakes the
+    other thread, as each GIL hand-over between busy workers does."""
+    ping, pong = threading.Lock(), threading.Lock()
+    ping.acquire()
+    pong.acquire()
+
+    def other() -> None:
+        for _ in range(rounds):
+            ping.acquire()
+            pong.release()
+
+    th = threading.Thread(target=other)
+    th.start()
+    t = time.perf_counter()
+    for _ in range(rounds):
+        ping.release()
+        pong.acquire()
+    took = time.perf_counter() - t
+    th.join()
+    return took / rounds
+
+
 def main(argv: list[str] | None = None) -> int:
     import loader_bench as lb
     from stoker.loader.read.arrow import ArrowSource
@@ -32,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/stoker-loader-bench"))
+    ap.add_argument("--group", type=int, default=8, help="batches per fetch_group call")
     args = ap.parse_args(argv)
     lb.prepare(args.workdir, args.rows, 0)
     m = Manifest.load(args.workdir / f"w1-{args.rows}" / "stoker")
@@ -45,23 +72,37 @@ def main(argv: list[str] | None = None) -> int:
                 else np.arange(s * lb.W1_BATCH, (s + 1) * lb.W1_BATCH)
             src.fetch(ids)
 
+    def grouped(lo: int, hi: int, shuffle: bool) -> None:
+        rng = np.random.default_rng(lo)
+        for s in range(lo, hi, args.group):
+            batches = [rng.integers(0, args.rows, lb.W1_BATCH) if shuffle
+                       else np.arange(b * lb.W1_BATCH, (b + 1) * lb.W1_BATCH)
+                       for b in range(s, min(hi, s + args.group))]
+            if src.fetch_group(batches, 0, 0, None) is None:
+                raise SystemExit("fetch_group declined: records are not built for every shard")
+
+    print(f"hand-over between two threads (lock ping-pong): {handover() * 1e6:.1f} us per "
+          "round trip")
     for shuffle in (False, True):
         work(0, steps, shuffle)
         src.wait_row_major()
-        work(0, steps, shuffle)
-        t = time.perf_counter()
-        work(0, steps, shuffle)
-        one = time.perf_counter() - t
-        threads = [threading.Thread(target=work, args=(0, steps // 2, shuffle)),
-                   threading.Thread(target=work, args=(steps // 2, steps, shuffle))]
-        t = time.perf_counter()
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        two = time.perf_counter() - t
-        print(f"{'random ids' if shuffle else 'natural order'}: {one / steps * 1e3:.3f} ms per "
-              f"batch in 1 thread; 2 threads {one / two:.2f}x the 1-thread rate")
+        for name, fn in (("1 batch per call", work), (f"{args.group} per call", grouped)):
+            fn(0, steps, shuffle)
+            t = time.perf_counter()
+            fn(0, steps, shuffle)
+            one = time.perf_counter() - t
+            half = steps // 2 // args.group * args.group
+            threads = [threading.Thread(target=fn, args=(0, half, shuffle)),
+                       threading.Thread(target=fn, args=(half, steps, shuffle))]
+            t = time.perf_counter()
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            two = time.perf_counter() - t
+            print(f"{'random ids' if shuffle else 'natural order'}, {name}: "
+                  f"{one / steps * 1e3:.3f} ms per batch in 1 thread; 2 threads "
+                  f"{one / two:.2f}x the 1-thread rate")
     prof = cProfile.Profile()
     prof.enable()
     work(0, 500, False)

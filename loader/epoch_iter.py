@@ -8,6 +8,7 @@ it yields, the cursor's moves.
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from dataclasses import dataclass
@@ -17,10 +18,11 @@ import numpy as np
 
 from stoker.loader.workers.failure import add_note
 from stoker.loader.ledger.digest import batch_digests
-from stoker.loader.fallbacks import Noted, collecting, drain
+from stoker.loader.fallbacks import Noted, collecting, drain, note
 from stoker.loader.workers.sample_rng import batch_seed
 from stoker.loader.state import Cursor
 from stoker.loader.workers.info import user_code
+from stoker.manifest import StokerError
 
 __all__ = ["BatchTask", "CacheEvents", "Delivered", "EpochIterator", "EpochPass", "EpochRun",
            "cache_clock"]
@@ -63,6 +65,36 @@ class BatchTask:
             batch, digests = self.fetch(ids, epoch, seed)
         return Delivered(self.finish(batch, ids, epoch, seed), digests, noted)
 
+    def many(self, payloads: list[tuple[Any, int, int]]) -> list[Callable[[], Delivered]]:
+        """One delivery per payload, as calls that finish it: the batches' fetch runs here,
+        as one group where the source can (``fetch_group``: one record gather for all of
+        them); what is left of each (``collate``, ``transform``; or its whole fetch, when
+        the group cannot be read at once) runs in its call, so a failure belongs to its own
+        batch."""
+        group = getattr(self.source, "fetch_group", None)
+        epochs_seeds = {p[1:] for p in payloads}
+        if group is None or len(epochs_seeds) != 1:
+            return [functools.partial(self, p) for p in payloads]
+        epoch, seed = epochs_seeds.pop()
+        digest = None if self.content is None else self._digests
+        try:
+            with collecting() as noted:
+                got = group([p[0] for p in payloads], epoch, seed, digest)
+        except (StokerError, OSError) as exc:  # each batch is read again on its own
+            note("group_retried", f"batches of samples {payloads[0][0][:8].tolist()}...: "
+                                  f"{type(exc).__name__}: {exc}")
+            got = None
+        if got is None:
+            return [functools.partial(self, p) for p in payloads]
+        return [functools.partial(self._finished, batch, digests, noted if i == 0 else {},
+                                  payloads[i])
+                for i, (batch, digests) in enumerate(got)]
+
+    def _finished(self, batch: Any, digests: list[int] | None, noted: Noted,
+                  payload: tuple[Any, int, int]) -> Delivered:
+        ids, epoch, seed = payload
+        return Delivered(self.finish(batch, ids, epoch, seed), digests, noted)
+
     def fetch(self, ids: Any, epoch: int, seed: int) -> tuple[Any, list[int] | None]:
         """The source's batch and its content digests (``None`` without ``content``); a
         source with ``fetch_digested`` (stoker.loader.read.arrow) has them computed on its
@@ -101,7 +133,8 @@ class EpochRun:
         epoch, seed, rank: the pass's epoch, the loader's seed, this process's rank.
         cursor: the loader's position, advanced as batches are yielded.
         task: computes one batch in this process (``pool is None``).
-        pool, depth: the workers (``None``: none) and how many tasks to keep queued.
+        pool, depth: the workers (``None``: none) and how many batches to keep queued.
+        group: batches per worker task (``pool.submit_group``; 1: one task per batch).
         in_order: yield in step order (else as batches are ready).
         timeout: seconds to wait for a worker's batch (``None``: forever).
         transfer: moves a batch to its device (pinned copies).
@@ -142,6 +175,7 @@ class EpochRun:
     cache_events: "CacheEvents | None" = None
     workers: int = 1
     saved: dict[str, Any] | None = None
+    group: int = 1
 
 
 class CacheEvents:
@@ -230,11 +264,17 @@ class EpochIterator(EpochPass):
     def _fill(self) -> None:
         run = self._run
         while run.pool is not None and len(self._pending) < run.depth:
-            task = self._next_task()
-            if task is None:
+            tasks = []
+            while len(tasks) < run.group and (task := self._next_task()) is not None:
+                tasks.append(task)
+            if not tasks:
                 return
-            run.pool.submit((self._gen, task[0]), (task[1], run.epoch, run.seed))
-            self._pending.append(task)
+            if len(tasks) == 1:
+                run.pool.submit((self._gen, tasks[0][0]), (tasks[0][1], run.epoch, run.seed))
+            else:
+                run.pool.submit_group([(self._gen, step) for step, _ in tasks],
+                                      [(ids, run.epoch, run.seed) for _, ids in tasks])
+            self._pending.extend(tasks)
 
     def __iter__(self) -> "EpochIterator":
         return self

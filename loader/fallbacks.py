@@ -52,6 +52,9 @@ REASONS = {
     "no_readahead": "a staged round could not advise the kernel of the shard pages it reads "
                     "(no madvise here, or it was refused): those pages fault in one by one, "
                     "with the kernel's read-around (stoker.loader.fastpath.advise)",
+    "group_retried": "several batches read by one record gather (a thread worker's group, "
+                     "stoker.loader.read.arrow.ArrowSource.fetch_group) raised: each batch was "
+                     "read again on its own, so a failure is raised at its own batch",
     "warmup_skipped": "the kernels could not be compiled ahead of the first batch: the first "
                       "batch compiles them (and raises if they cannot be)",
 }

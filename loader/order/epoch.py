@@ -32,6 +32,7 @@ from stoker.loader.order import feistel as _k
 from stoker.loader.order.options import (ORDER_ALGORITHM, OrderError, OrderOptions, check_int,
                                          check_rows)
 from stoker.loader.order.seed import derive_seed
+from stoker.loader.order.windows import Windows
 
 # ORDER_ALGORITHM, OrderError, OrderOptions and derive_seed live in their own modules; they are
 # re-exported here, where callers have always imported them from
@@ -190,6 +191,15 @@ class EpochOrder:
         rank, world_size = self._check_rank(rank, world_size)
         first = start + (rank - start) % world_size
         return self._range(first, stop, world_size)
+
+    def windows(self) -> Any:
+        """What the loader reads consecutive batch windows from: an object with
+        :meth:`rank_ids`. Shuffled, :class:`~stoker.loader.order.windows.Windows` computing
+        chunks of positions at once (a batch alone pays the kernel's per-call setup of
+        every partition's block for few ids); in natural order, this order itself."""
+        if not self.options.shuffle:
+            return self
+        return Windows(self._range, self.num_samples)
 
     def shard_sequence(self, start: int, stop: int, rank: int = 0,
                        world_size: int = 1) -> np.ndarray:

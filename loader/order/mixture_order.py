@@ -26,12 +26,9 @@ import numpy as np
 from stoker.loader.jit import executors, fork_gate
 from stoker.loader.order.epoch import EpochOrder, OrderError, OrderOptions
 from stoker.loader.order.mixture_kernel import pick_spans, place
+from stoker.loader.order.windows import CHUNK, Windows
 
 __all__ = ["MixtureOrder", "PassOrders", "source_order"]
-
-_CHUNK = 16_384  # positions whose ids rank_ids computes in one go (MixtureOrder(chunk=))
-# chunks computed ahead: slack for an order thread that shares the cores with busy workers
-_AHEAD = 2
 
 
 class PassOrders:
@@ -129,7 +126,7 @@ class MixtureOrder:
     """
 
     def __init__(self, mixture: Any, passes: PassOrders, epoch: int,
-                 chunk: int = _CHUNK) -> None:
+                 chunk: int = CHUNK) -> None:
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
             raise OrderError(f"epoch must be an int >= 0, got {epoch!r}")
         self.mixture, self.passes, self.epoch = mixture, passes, int(epoch)
@@ -139,10 +136,7 @@ class MixtureOrder:
         self.fingerprint = mixture.fingerprint
         self._sizes = np.asarray(mixture.sizes, dtype=np.int64)
         self._base = self.epoch * self.num_samples
-        self._chunk = int(chunk)
-        self._kept: tuple[int, int, int, int, np.ndarray] | None = None  # see rank_ids
-        self._ahead: list[tuple[int, int, int, int, Future[np.ndarray]]] = []
-        self.chunks_ahead = 0  # chunks rank_ids took from the background thread
+        self._windows = Windows(self._chunk_ids, self.num_samples, chunk, passes.ahead)
 
     def __repr__(self) -> str:
         return f"MixtureOrder(epoch={self.epoch}, num_samples={self.num_samples}, {self.mixture})"
@@ -169,65 +163,27 @@ class MixtureOrder:
     def rank_ids(self, start: int, stop: int, rank: int, world_size: int) -> np.ndarray:
         """``[O[k] for k in range(start, stop) if k % world_size == rank]``.
 
-        The loader asks for consecutive windows, so the ids of the next ``chunk`` positions
-        are computed at once and kept: one blend call and one range per source and pass for
-        many batches, instead of per batch. The chunks after the kept one are computed ahead on
+        The loader asks for consecutive windows: they are cut from chunks of ``chunk``
+        positions (stoker.loader.order.windows), one blend call and one range per source
+        and pass for many batches. The chunks after the kept one are computed ahead on
         :class:`PassOrders`' background thread: computed here, a chunk (~1.3 ms for 16 k W1
         positions) stalled thread workers whose queue held less work than that
         (bench/mixture_bench.py). The ids are the same either way.
         """
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise OrderError(f"rank must be in [0, world_size={world_size}), got {rank}.")
-        start, stop = self._check_window(start, stop)
-        first = start + (rank - start) % world_size
-        if first >= stop:
-            return np.empty(0, dtype=np.int64)
-        kept = self._kept
-        if kept is None or kept[1:3] != (rank, world_size) or not kept[0] <= first or \
-                stop > kept[3]:
-            kept = self._kept = self._take_ahead(kept, first, stop, rank, world_size) or \
-                self._chunk_at(first, max(stop, first + self._chunk), rank, world_size)
-        size = max(self._chunk, stop - first)  # a chunk ahead holds a whole window
-        while len(self._ahead) < _AHEAD:
-            end = self._ahead[-1][3] if self._ahead else kept[3]
-            lo = end + (rank - end) % world_size
-            hi = min(self.num_samples, lo + size)
-            future = self.passes.ahead(self._chunk_ids, lo, hi, world_size) \
-                if lo < self.num_samples else None
-            if future is None:
-                break
-            self._ahead.append((lo, rank, world_size, hi, future))
-        lo = (first - kept[0]) // world_size
-        return kept[4][lo:lo + len(range(first, stop, world_size))].copy()
+        return self._windows.rank_ids(start, stop, rank, world_size)
+
+    def windows(self) -> Windows:
+        """What the loader reads consecutive batch windows from (:meth:`rank_ids`)."""
+        return self._windows
+
+    @property
+    def chunks_ahead(self) -> int:
+        """Chunks :meth:`rank_ids` took from the background thread."""
+        return self._windows.chunks_ahead
 
     def _chunk_ids(self, first: int, hi: int, world_size: int) -> np.ndarray:
         src, pick = self.sources(first, hi)
         return self._ids(src[::world_size], pick[::world_size])
-
-    def _chunk_at(self, first: int, hi: int, rank: int,
-                  world_size: int) -> tuple[int, int, int, int, np.ndarray]:
-        hi = min(self.num_samples, hi)
-        return first, rank, world_size, hi, self._chunk_ids(first, hi, world_size)
-
-    def _take_ahead(self, kept: tuple[int, int, int, int, np.ndarray] | None, first: int,
-                    stop: int, rank: int,
-                    world_size: int) -> tuple[int, int, int, int, np.ndarray] | None:
-        """The window ``[first, stop)`` from the chunk computed ahead, joined to the rest of
-        the ``kept`` one when the window starts there (a batch across the chunks' border);
-        ``None`` when they do not hold it (and the chunks ahead are dropped)."""
-        ahead = self._ahead.pop(0) if self._ahead else None
-        if ahead is None or ahead[1:3] != (rank, world_size) or stop > ahead[3]:
-            self._ahead.clear()
-            return None
-        if ahead[0] <= first:
-            ids = ahead[4].result()
-        elif kept is not None and kept[1:3] == (rank, world_size) and kept[0] <= first:
-            ids = np.concatenate([kept[4][(first - kept[0]) // world_size:], ahead[4].result()])
-        else:
-            self._ahead.clear()
-            return None
-        self.chunks_ahead += 1
-        return min(first, ahead[0]), rank, world_size, ahead[3], ids
 
     def ids_at(self, ks: np.ndarray) -> np.ndarray:
         """``O[k]`` for arbitrary positions (one blend window over their range)."""

@@ -15,12 +15,13 @@ With ``drop_last=True`` every rank takes ``N // G`` steps and the remainder is n
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from stoker.loader.order.epoch import EpochOrder
 
-__all__ = ["BatchPlan", "rank_batch_ids"]
+__all__ = ["BatchPlan", "batch_ids", "rank_batch_ids"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,3 +75,16 @@ def rank_batch_ids(order: EpochOrder, plan: BatchPlan, step: int) -> np.ndarray:
     """Global sample ids this rank consumes at ``step``, in order (int64)."""
     start, stop = plan.window(step)
     return order.rank_ids(start, stop, plan.rank, plan.world_size)
+
+
+def batch_ids(order: EpochOrder, plan: BatchPlan) -> Callable[[int], np.ndarray]:
+    """``step -> rank_batch_ids(order, plan, step)`` for a loader's pass, which asks for
+    consecutive steps: the ids come from the order's :meth:`~EpochOrder.windows` (chunks of
+    positions computed at once)."""
+    windows = order.windows()
+
+    def ids(step: int) -> np.ndarray:
+        start, stop = plan.window(step)
+        return windows.rank_ids(start, stop, plan.rank, plan.world_size)  # type: ignore[no-any-return]
+
+    return ids

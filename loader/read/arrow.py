@@ -48,6 +48,14 @@ Digest = Callable[[dict[str, Any], Mapping[str, np.ndarray]], Any]
 
 logger = logging.getLogger(__name__)
 
+# groups fetch_group declines after one that found rows without records (still being built),
+# unless records are added meanwhile
+_GROUP_SKIP = 32
+# rows and bytes a thread worker reads as one group (group_rows): 8192 W1 rows (3.3 MB) read
+# fastest with 2 thread workers, 4096 and 16384 slower (bench/workers_bench.py)
+_GROUP_ROWS = 8192
+_GROUP_BYTES = 4 << 20
+
 
 class ArrowSource:
     """Batches of a stoker dataset, as dicts of column name -> tensor (or list).
@@ -122,6 +130,8 @@ class ArrowSource:
             if fast and getattr(manifest, "kind", "arrow") == "arrow" \
             and FastPlan.supports(schema, self.features, self.categoricals) else None
         self._ring = BufferRing(ring_depth, pin)
+        self._group_skip = (0, 0)  # (records then, groups left to decline): fetch_group
+        self.batches_grouped = 0  # batches fetch_group served
         self._opener = opener or self._local_opener
         self._lock = threading.Condition()
         self._shards = OpenShards(manifest, self.columns, self._opener, max_open, self._lock,
@@ -329,6 +339,66 @@ class ArrowSource:
                 self._ring.release(slot)
         batch = self._fetch_arrow(ids, epoch, seed)
         return batch, None if digest is None else digest(batch, {})
+
+    @property
+    def group_rows(self) -> int:
+        """Rows a thread worker should read as one group (:meth:`fetch_group`), at most
+        ``_GROUP_BYTES`` of records; 0 when no batch of this source can be grouped (outputs
+        records never serve)."""
+        plan = self._plan
+        if plan is None or plan.arrow_columns or self._records_mode == 0 or \
+                any(o.kind not in ("fixed", "matrix", "list") for o in plan.outputs):
+            return 0
+        stride = record_stride(self.manifest, self.columns, self.features, self.categoricals,
+                               self.image)
+        return max(1, min(_GROUP_ROWS, _GROUP_BYTES // max(1, stride)))
+
+    def fetch_group(self, batches: Sequence[np.ndarray], epoch: int, seed: int,
+                    digest: Digest | None) -> list[tuple[dict[str, Any], Any]] | None:
+        """:meth:`fetch_digested` of several batches from one record gather, or ``None``
+        when they cannot be served that way (the caller then fetches them one by one).
+
+        A thread worker serving one batch at a time hands the GIL back and forth around
+        every kernel call, and on this kind of machine a hand-over costs ~30 us (a thread
+        waking another): more than a natural-order W1 batch's copy (bench/gil_bench.py).
+        One gather for several batches makes the nogil part long enough for two workers to
+        overlap. Served only when every output of every row comes from row-major records
+        (fixed widths: each batch is a row slice of the group, bitwise what
+        :meth:`fetch_digested` gives); batches are views of one ring slot.
+        """
+        plan, table = self._plan, self._records
+        if plan is None or self._stager is not None or table is None or not len(table) \
+                or len(batches) < 2 or not warm.ready(*self._warm):
+            return None
+        held, skip = self._group_skip
+        if skip > 0 and held == len(table):  # no records added since the last miss
+            self._group_skip = (held, skip - 1)
+            return None
+        sizes = [len(b) for b in batches]
+        ids = np.concatenate([np.asarray(b, dtype=np.int64) for b in batches])
+        slot = self._ring.acquire()
+        try:
+            try:
+                filled, positions = self._gather_once(ids, slot)
+                if len(positions) and self._open_shards_of(ids[positions]):
+                    filled, positions = self._gather_once(ids, slot)  # opened: records mapped
+            except NotZeroCopy:  # the batches' own fetch notes it as a fallback
+                return None
+            if len(positions) or any(o.name not in filled for o in plan.outputs):
+                self._group_skip = (len(table), _GROUP_SKIP)  # records still being built
+                return None
+            out: list[tuple[dict[str, Any], Any]] = []
+            lo = 0
+            for n in sizes:
+                arrays: dict[str, np.ndarray] = {}
+                part = {name: arr[lo:lo + n] for name, arr in filled.items()}
+                batch = plan.run([], n, slot, dict, None, part, (), kernels, arrays)
+                out.append((batch, None if digest is None else digest(batch, arrays)))
+                lo += n
+            self.batches_grouped += len(out)
+            return out
+        finally:
+            self._ring.release(slot)
 
     def _gather_twins(self, ids: np.ndarray, slot: Any) -> tuple[dict[str, np.ndarray],
                                                                   list[Any], list[Any]]:

@@ -194,6 +194,35 @@ class MixtureSource:
         batch["source"] = column
         return batch, digests
 
+    @property
+    def group_rows(self) -> int:
+        """Rows a thread worker reads as one group (ArrowSource.group_rows): sources that
+        share one reader only."""
+        return self.readers[0].group_rows if self.union else 0
+
+    def fetch_group(self, batches: Sequence[np.ndarray], epoch: int, seed: int,
+                    digest: Any) -> list[tuple[dict[str, Any], Any]] | None:
+        """:meth:`fetch_digested` of several batches from the shared reader's one record
+        gather (ArrowSource.fetch_group), each with its ``"source"``; ``None`` when they
+        cannot be read at once."""
+        if not self.union:
+            return None
+        columns = [torch.from_numpy(source_of(np.asarray(b, dtype=np.int64), self._offsets))
+                   for b in batches]
+        pending = iter(columns)  # the reader digests the batches in order
+
+        def with_source(batch: dict[str, Any], arrays: Any) -> Any:
+            batch["source"] = next(pending)
+            return digest(batch, arrays)
+
+        got = self.readers[0].fetch_group(batches, epoch, seed,
+                                          None if digest is None else with_source)
+        if got is None:
+            return None
+        for (batch, _), column in zip(got, columns):
+            batch["source"] = column
+        return got
+
     def cache_clock(self, order: MixtureOrder, plan: Any,
                     step: int) -> Callable[[int], None] | None:
         """Hand each source's shard cache this rank's future from ``step`` on

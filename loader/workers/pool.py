@@ -63,6 +63,10 @@ def run_task(fn: Task, payload: Any, where: str, local: bool) -> Any:
         return WorkerFailure(exc, where, local)
 
 
+def _call(fn: Callable[[], Any]) -> Any:
+    return fn()
+
+
 def run_init(context: WorkerContext, init: Callable[[int], None] | None, where: str,
              local: bool) -> WorkerFailure | None:
     """Run ``worker_init_fn`` as torch does (after seeding); its failure, if any."""
@@ -143,6 +147,17 @@ def _thread_main(fn: Task, tasks: queue.Queue, results: dict, cond: threading.Co
         if item is None:
             return
         seq, payload = item
+        if isinstance(seq, list):  # a group (ThreadPool.submit_group): delivered one by one
+            calls = run_task(fn.many, payload, where, local=True)
+            if isinstance(calls, WorkerFailure):
+                calls = [calls] * len(seq)
+            for one, call in zip(seq, calls):
+                out = call if isinstance(call, WorkerFailure) else \
+                    run_task(_call, call, where, local=True)
+                with cond:
+                    results[one] = out
+                    cond.notify_all()
+            continue
         out = run_task(fn, payload, where, local=True)
         with cond:
             results[seq] = out
@@ -171,6 +186,12 @@ class ThreadPool(WorkerPool):
 
     def submit(self, seq: Any, payload: Any, worker: int | None = None) -> None:
         (self._tasks if worker is None else self._queues[worker]).put((seq, payload))
+
+    def submit_group(self, seqs: list[Any], payloads: list[Any]) -> None:
+        """Queue several batches as one task: one worker reads them together
+        (``fn.many``, stoker.loader.epoch_iter.BatchTask.many) and hands each back under its
+        own sequence number as soon as it is finished."""
+        self._tasks.put((list(seqs), list(payloads)))
 
     def get_any(self, seqs: Sequence[Any], timeout: float | None = None) -> tuple[Any, Any]:
         deadline = None if not timeout else time.monotonic() + timeout

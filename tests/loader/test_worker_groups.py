@@ -1,0 +1,136 @@
+"""Thread workers read several batches per task (ArrowSource.fetch_group): the same batches,
+byte for byte, as one at a time; a failure still belongs to its own batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from stoker.loader import DataLoader, ReadOptions, WorkerError
+from stoker.loader.read.arrow import ArrowSource
+
+COLUMNS = ["id", "x", "y"]  # fixed widths: every output is served from records
+
+
+def _raw(batch: dict[str, Any]) -> list[tuple[str, str, tuple[int, ...], bytes]]:
+    return [(k, str(v.dtype), tuple(v.shape), v.numpy().tobytes()) for k, v in batch.items()]
+
+
+def _loader(path: Path, **kw: Any) -> DataLoader:
+    kw.setdefault("read", ReadOptions(row_major=True))
+    return DataLoader(str(path), batch_size=16, columns=COLUMNS, seed=5, **kw)
+
+
+def _epochs(dl: DataLoader, epochs: int) -> list[Any]:
+    out = []
+    for e in range(epochs):
+        dl.set_epoch(e)
+        out += [_raw(b) for b in dl]
+    return out
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_grouped_batches_equal_one_at_a_time(dataset: Path, shuffle: bool,
+                                             workers: int) -> None:
+    """Batches of a 615-sample epoch (the last one short) read in groups equal, byte for
+    byte and in order, what num_workers=0 reads, over epochs; and groups were really used."""
+    ref = _loader(dataset, shuffle=shuffle)
+    want = _epochs(ref, 3)
+    ref.close()
+    dl = _loader(dataset, shuffle=shuffle, num_workers=workers)
+    assert dl._group(dl._get_pool()) == 8  # 8192 rows per group, batches of 16: at most 8
+    got = _epochs(dl, 3)
+    assert dl._source.batches_grouped > 0
+    dl.close()
+    assert got == want
+    flipped = [list(b) for b in want]
+    k, dtype, shape, data = flipped[20][0]
+    flipped[20][0] = (k, dtype, shape, bytes([data[0] ^ 1]) + data[1:])
+    assert got != flipped  # the comparison can fail
+
+
+def test_grouped_batches_keep_their_content_digests(dataset: Path, tmp_path: Path) -> None:
+    """The ledger's content digests of grouped batches are those of batches read alone."""
+    from stoker.loader import LedgerOptions
+    from stoker.loader.ledger.reader import read_ledger
+
+    digests = []
+    for workers in (0, 2):
+        path = tmp_path / f"ledger-{workers}"
+        dl = _loader(dataset, shuffle=True, num_workers=workers,
+                     ledger=LedgerOptions(path=str(path), content=True))
+        for _ in dl:
+            pass
+        grouped = dl._source.batches_grouped
+        dl.close()
+        content = read_ledger(str(path)).segments[0].content
+        assert content is not None and content.shape == (39, 3)
+        digests.append(content)
+        assert (grouped > 0) == (workers > 0)
+    assert np.array_equal(digests[0], digests[1])
+    digests[1][7, 1] ^= 1
+    assert not np.array_equal(digests[0], digests[1])  # the comparison can fail
+
+
+def test_a_transform_failure_in_a_group_is_raised_at_its_own_batch(dataset: Path) -> None:
+    """Batches before the failing one in the same group are delivered; the error names it."""
+    def transform(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if int(batch["id"][0]) == 5 * 16:
+            raise ValueError("bad batch")
+        return batch
+
+    dl = _loader(dataset, num_workers=2, transform=transform)
+    seen = []
+    with pytest.raises(ValueError, match="bad batch") as info:
+        for b in dl:
+            seen.append(int(b["id"][0]))
+    assert seen == [16 * i for i in range(5)]
+    assert "batch 5" in "".join(getattr(info.value, "__notes__", []))
+    dl.close()
+
+
+def test_a_group_that_cannot_be_read_at_once_is_read_batch_by_batch(
+        dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group read that raises is a named fallback: every batch is read again on its own
+    (the same bytes), the loader counts it, nothing is lost."""
+    ref = _loader(dataset)
+    want = _epochs(ref, 1)
+    ref.close()
+
+    def broken(self: ArrowSource, batches: Any, *args: Any) -> Any:
+        raise WorkerError(f"shard unreadable for samples {batches[0][:2].tolist()}")
+
+    monkeypatch.setattr(ArrowSource, "fetch_group", broken)
+    dl = _loader(dataset, num_workers=2)
+    assert _epochs(dl, 1) == want
+    assert dl.stats.fallbacks.get("group_retried", 0) >= 1
+    dl.close()
+
+
+def test_sources_whose_outputs_records_cannot_serve_are_not_grouped(dataset: Path) -> None:
+    """A string column (never in records): one batch per task, as before."""
+    dl = DataLoader(str(dataset), batch_size=16, columns=["id", "name"], num_workers=2,
+                    read=ReadOptions(row_major=True))
+    assert dl._group(dl._get_pool()) == 1
+    names = [n for b in dl for n in b["name"]]
+    assert names == [f"s{i}" for i in range(615)]
+    dl.close()
+
+
+def test_a_list_column_of_varying_width_is_read_batch_by_batch(dataset: Path) -> None:
+    """``seq`` has rows of 0-2 values: records do not serve it, so groups decline and every
+    batch keeps its own padded width (what num_workers=0 gives)."""
+    kw: dict[str, Any] = dict(batch_size=16, columns=["id", "seq"], seed=1, shuffle=True,
+                              read=ReadOptions(row_major=True))
+    want = [_raw(b) for b in DataLoader(str(dataset), **kw)]
+    dl = DataLoader(str(dataset), num_workers=2, **kw)
+    got = [_raw(b) for b in dl]
+    assert dl._source.batches_grouped == 0
+    dl.close()
+    assert got == want
+    assert len({shape for b in want for k, _, shape, _ in b if k == "seq"}) > 1
