@@ -241,3 +241,27 @@ def test_a_remote_source_is_cached_and_read_on_its_own(sources, nginx, tmp_path:
     dl.close()
     shards = [r.uri for r in server.requests() if r.uri.startswith("/shards/")]
     assert sorted(shards) == ["/shards/00000.arrow", "/shards/00001.arrow"]  # once each
+
+
+def test_thread_workers_read_groups_of_a_mixture_byte_for_byte(sources) -> None:
+    """Fixed-width columns of sources sharing one reader: thread workers read several
+    batches per record gather (MixtureSource.fetch_group); every batch, ``"source"``
+    included, equals what num_workers=0 reads."""
+    from stoker.loader import ReadOptions
+
+    mix = _mixture(sources)
+    kw = dict(batch_size=16, shuffle=True, seed=3, columns=["id", "x"],
+              read=ReadOptions(row_major=True))
+    base = DataLoader(mix, **kw)
+    ref = [{k: v.clone() for k, v in b.items()} for b in _epochs(base, 2)]
+    base.close()
+    dl = DataLoader(mix, num_workers=2, **kw)
+    assert dl._source.union and dl._group(dl._get_pool()) > 1
+    got = _epochs(dl, 2)
+    assert dl._source.readers[0].batches_grouped > 0
+    dl.close()
+    assert len(got) == len(ref) and list(got[0]) == list(ref[0]) == ["id", "x", "source"]
+    for a, b in zip(got, ref):
+        for key in a:
+            assert a[key].dtype == b[key].dtype and a[key].numpy().tobytes() == \
+                b[key].numpy().tobytes(), key
