@@ -50,6 +50,41 @@ def handover(rounds: int = 20_000) -> float:
     return took / rounds
 
 
+def loader_epochs(path: Path, epochs: int) -> None:
+    """Through the DataLoader, in this process: W1 rows/s of later epochs (after one untimed
+    epoch builds the records), median over ``epochs``, for 0 and 2 thread workers, shuffle
+    on and off, with thread workers' groups (up to 8 batches per task, the default) and with
+    one batch per task (stoker.loader.dataloader._GROUP_MAX set to 1: what workers did
+    before 1f5d472)."""
+    import statistics
+
+    import loader_bench as lb
+    from stoker.loader import DataLoader, ReadOptions
+    from stoker.loader import dataloader as dl_module
+
+    grouped = dl_module._GROUP_MAX
+    for shuffle in (False, True):
+        for workers, group in ((0, grouped), (2, 1), (2, grouped)):
+            dl_module._GROUP_MAX = group
+            loader = DataLoader(path, batch_size=lb.W1_BATCH, shuffle=shuffle, seed=0,
+                                num_workers=workers, columns=["seq", "label"],
+                                read=ReadOptions(features=lb.FEATURES, categoricals=lb.CATS))
+            rates = []
+            for epoch in range(epochs + 1):
+                loader.set_epoch(epoch)
+                t, n = time.perf_counter(), 0
+                for batch in loader:
+                    n += len(batch["label"])
+                if epoch:
+                    rates.append(n / (time.perf_counter() - t))
+            loader.close()
+            what = "no workers" if not workers else \
+                f"{workers} thread workers, {group} batch{'es' if group > 1 else ''} per task"
+            print(f"DataLoader, {'shuffled' if shuffle else 'natural order'}, {what}: "
+                  f"{statistics.median(rates) / 1e6:.2f} M rows/s (later epochs, in-process)")
+    dl_module._GROUP_MAX = grouped
+
+
 def main(argv: list[str] | None = None) -> int:
     import loader_bench as lb
     from stoker.loader.read.arrow import ArrowSource
@@ -59,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/stoker-loader-bench"))
     ap.add_argument("--group", type=int, default=8, help="batches per fetch_group call")
+    ap.add_argument("--epochs", type=int, default=5, help="later epochs timed per loader")
     args = ap.parse_args(argv)
     lb.prepare(args.workdir, args.rows, 0)
     m = Manifest.load(args.workdir / f"w1-{args.rows}" / "stoker")
@@ -78,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
             batches = [rng.integers(0, args.rows, lb.W1_BATCH) if shuffle
                        else np.arange(b * lb.W1_BATCH, (b + 1) * lb.W1_BATCH)
                        for b in range(s, min(hi, s + args.group))]
-            if src.fetch_group(batches, 0, 0, None) is None:
+            if len(batches) == 1:  # the epoch's last, alone: fetch_group takes two or more
+                src.fetch(batches[0])
+            elif src.fetch_group(batches, 0, 0, None) is None:
                 raise SystemExit("fetch_group declined: records are not built for every shard")
 
     print(f"hand-over between two threads (lock ping-pong): {handover() * 1e6:.1f} us per "
@@ -103,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'random ids' if shuffle else 'natural order'}, {name}: "
                   f"{one / steps * 1e3:.3f} ms per batch in 1 thread; 2 threads "
                   f"{one / two:.2f}x the 1-thread rate")
+    loader_epochs(args.workdir / f"w1-{args.rows}" / "stoker", args.epochs)
     prof = cProfile.Profile()
     prof.enable()
     work(0, 500, False)

@@ -57,14 +57,21 @@ NOTES = """\
   rows: the stream's locality). What the mixture adds is its order: the blend (positions/s
   below) and each source's own pass order over its picks (one range kernel call per source
   and pass, then two O(window) kernels place the ids; the `source` column is one kernel pass
-  over a batch's ids), computed 16 k positions at a time on a background thread
-  (`stoker-order`, two chunks ahead of the batch being read). The "order CPU" rows count
+  over a batch's ids), computed 64 k positions at a time on a background thread
+  (`stoker-order`, two chunks ahead of the batch being read; 16 k chunks gave 72-75 % at 2
+  workers against 79-81 % with 64 k, same runs: each chunk calls a kernel per source and
+  pass, and each call hands the GIL over and back). The "order CPU" rows count
   the process's CPU, both threads. Its sources' partitions are shorter than a block (100-300
   k rows over P = 360), where a Feistel walk takes more steps, so an id costs more than one
   dataset's.
-- With 0 workers that order runs on the otherwise idle second core, so the mixture can read
-  faster than the single source, which computes its ids per batch in the consumer. With 2
-  thread workers every core is busy, and the mixture's extra order CPU is the gap.
+- With 0 workers that order runs on the otherwise idle second core. With 2 thread workers
+  every core is busy, and the mixture's extra order CPU (~10 ms per epoch more than the single
+  source's ids, which the consumer cuts from 16 k chunks since 1f5d472) is the gap. Thread
+  workers read 8 batches per task since 1f5d472 (one record gather, bench/RESULTS.md
+  "Workers and the GIL"), the mixture as the single source: both read about twice as fast
+  with 2 workers as in this table at 9e1e2f8 (mixture 3,872,984 rows/s, single 4,276,190),
+  the single source more, so the ratio fell from 87-91 % to ~80 % (three runs with 64 k
+  chunks: 80, 80, 79).
 - Until 81e3b5b the consumer computed each chunk itself when a batch crossed into it
   (~1.3 ms): with prefetch_factor 2, two workers' queue held ~0.6 ms of work, so every chunk
   drained it (W1 mixture at 2 workers: 83 % of the single source; 101 % with

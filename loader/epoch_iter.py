@@ -72,10 +72,9 @@ class BatchTask:
         the group cannot be read at once) runs in its call, so a failure belongs to its own
         batch."""
         group = getattr(self.source, "fetch_group", None)
-        epochs_seeds = {p[1:] for p in payloads}
-        if group is None or len(epochs_seeds) != 1:
+        if group is None:
             return [functools.partial(self, p) for p in payloads]
-        epoch, seed = epochs_seeds.pop()
+        _, epoch, seed = payloads[0]  # one pass: one epoch and seed
         digest = None if self.content is None else self._digests
         try:
             with collecting() as noted:
