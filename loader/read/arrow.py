@@ -52,7 +52,7 @@ logger = logging.getLogger(__name__)
 # unless records are added meanwhile
 _GROUP_SKIP = 32
 # rows and bytes a thread worker reads as one group (group_rows): 8192 W1 rows (3.3 MB) read
-# fastest with 2 thread workers, 4096 and 16384 slower (bench/workers_bench.py)
+# fastest with 2 thread workers, 4096 and 16384 slower (bench/RESULTS.md "Workers and the GIL")
 _GROUP_ROWS = 8192
 _GROUP_BYTES = 4 << 20
 
