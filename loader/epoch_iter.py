@@ -70,15 +70,13 @@ class BatchTask:
         as one group where the source can (``fetch_group``: one record gather for all of
         them); what is left of each (``collate``, ``transform``; or its whole fetch, when
         the group cannot be read at once) runs in its call, so a failure belongs to its own
-        batch."""
-        group = getattr(self.source, "fetch_group", None)
-        if group is None:
-            return [functools.partial(self, p) for p in payloads]
+        batch. Only for sources with ``group_rows`` (stoker.loader.dataloader groups no
+        other)."""
         _, epoch, seed = payloads[0]  # one pass: one epoch and seed
         digest = None if self.content is None else self._digests
         try:
             with collecting() as noted:
-                got = group([p[0] for p in payloads], epoch, seed, digest)
+                got = self.source.fetch_group([p[0] for p in payloads], epoch, seed, digest)
         except (StokerError, OSError) as exc:  # each batch is read again on its own
             note("group_retried", f"batches of samples {payloads[0][0][:8].tolist()}...: "
                                   f"{type(exc).__name__}: {exc}")

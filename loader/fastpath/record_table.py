@@ -95,8 +95,7 @@ class RecordTable:
     def __init__(self, layout: RecordLayout, shards: int) -> None:
         self.layout = layout
         self.addrs = np.zeros(shards, dtype=np.int64)
-        self._marks = threading.local()  # per thread: see gather
-        self._shards = shards
+        self._marks = np.zeros(shards, dtype=np.int64)
         self._records: dict[int, np.ndarray] = {}
         self._retired: list[tuple[int, np.ndarray]] = []
         self._generation = 0
@@ -193,18 +192,8 @@ class RecordTable:
                 self._bucket = (starts, *bucket_index(starts))
             _, shift, bucket = self._bucket
             m, t = _gather(ids, starts, shift, bucket, self.addrs, self.layout.stride, offsets,
-                           sizes, out_addrs, out_strides, missing, self._thread_marks(), stamp,
-                           touched)
+                           sizes, out_addrs, out_strides, missing, self._marks, stamp, touched)
         return arrays, missing[:m], touched[:t]
-
-    def _thread_marks(self) -> np.ndarray:
-        """This thread's shard marks: threads sharing one array overwrite each other's
-        stamps (a kernel then records the same shard again and again, and the line holding
-        it moves between cores at every row)."""
-        marks = getattr(self._marks, "array", None)
-        if marks is None:
-            marks = self._marks.array = np.zeros(self._shards, dtype=np.int64)
-        return marks
 
     def _gather_numpy(self, ids: np.ndarray, starts: np.ndarray, fields: Sequence[Field],
                       outs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

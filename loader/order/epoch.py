@@ -30,7 +30,7 @@ from stoker.loader.jit import warmup
 from stoker.loader.jit.kernel import compiled
 from stoker.loader.order import feistel as _k
 from stoker.loader.order.options import (ORDER_ALGORITHM, OrderError, OrderOptions, check_int,
-                                         check_rows)
+                                         check_rank, check_rows, check_window)
 from stoker.loader.order.seed import derive_seed
 from stoker.loader.order.windows import Windows
 
@@ -137,17 +137,13 @@ class EpochOrder:
 
     # -- positions ----------------------------------------------------------------------------
     def _check_window(self, start: int, stop: int) -> tuple[int, int]:
-        start, stop = check_int("start", start), check_int("stop", stop)
-        if not 0 <= start <= stop <= self.num_samples:
-            raise OrderError(f"positions [start, stop) = [{start}, {stop}) must satisfy "
-                             f"0 <= start <= stop <= num_samples = {self.num_samples}.")
-        return start, stop
+        return check_window(check_int("start", start), check_int("stop", stop),
+                            self.num_samples)
 
     def _check_rank(self, rank: int, world_size: int) -> tuple[int, int]:
         world_size = check_int("world_size", world_size, minimum=1)
         rank = check_int("rank", rank, minimum=0)
-        if rank >= world_size:
-            raise OrderError(f"rank must be in [0, world_size={world_size}), got {rank}.")
+        check_rank(rank, world_size)
         P = self.options.partitions
         if self.options.shuffle and P % world_size:
             raise OrderError(f"world_size {world_size} does not divide partitions={P}; ranks own "
@@ -192,7 +188,7 @@ class EpochOrder:
         first = start + (rank - start) % world_size
         return self._range(first, stop, world_size)
 
-    def windows(self) -> Any:
+    def windows(self) -> "EpochOrder | Windows":
         """What the loader reads consecutive batch windows from: an object with
         :meth:`rank_ids`. Shuffled, :class:`~stoker.loader.order.windows.Windows` computing
         chunks of positions at once (a batch alone pays the kernel's per-call setup of

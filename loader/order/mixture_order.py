@@ -26,6 +26,7 @@ import numpy as np
 from stoker.loader.jit import executors, fork_gate
 from stoker.loader.order.epoch import EpochOrder, OrderError, OrderOptions
 from stoker.loader.order.mixture_kernel import pick_spans, place
+from stoker.loader.order.options import check_window
 from stoker.loader.order.windows import Windows
 
 __all__ = ["MixtureOrder", "PassOrders", "source_order"]
@@ -146,16 +147,9 @@ class MixtureOrder:
     def __repr__(self) -> str:
         return f"MixtureOrder(epoch={self.epoch}, num_samples={self.num_samples}, {self.mixture})"
 
-    def _check_window(self, start: int, stop: int) -> tuple[int, int]:
-        start, stop = int(start), int(stop)
-        if not 0 <= start <= stop <= self.num_samples:
-            raise OrderError(f"positions [start, stop) = [{start}, {stop}) must satisfy "
-                             f"0 <= start <= stop <= num_samples = {self.num_samples}.")
-        return start, stop
-
     def sources(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """(source, pick) of positions ``[start, stop)`` of this epoch."""
-        start, stop = self._check_window(start, stop)
+        start, stop = check_window(start, stop, self.num_samples)
         return self.mixture.blend.picks(self._base + start, self._base + stop)
 
     def _ids(self, src: np.ndarray, pick: np.ndarray) -> np.ndarray:

@@ -16,7 +16,8 @@ import numpy as np
 
 from stoker.manifest import StokerError
 
-__all__ = ["ORDER_ALGORITHM", "OrderError", "OrderOptions", "check_int", "check_rows"]
+__all__ = ["ORDER_ALGORITHM", "OrderError", "OrderOptions", "check_int", "check_rank",
+           "check_rows", "check_window"]
 
 ORDER_ALGORITHM = "stoker.order/1"
 """Name and version of the order algorithm; part of every derived key and of ``to_dict()``."""
@@ -121,6 +122,22 @@ def _canonical(opts: OrderOptions, block_size: int) -> OrderOptions:
         return OrderOptions(shuffle=False, partitions=1, block_size=1, partition_mode="redraw")
     return dataclasses.replace(opts, shuffle=True, partitions=int(opts.partitions),
                                block_size=int(block_size))
+
+
+def check_window(start: int, stop: int, num_samples: int) -> tuple[int, int]:
+    """``(start, stop)`` as ints; :class:`OrderError` unless ``0 <= start <= stop <=
+    num_samples`` (an order's positions)."""
+    start, stop = int(start), int(stop)
+    if not 0 <= start <= stop <= num_samples:
+        raise OrderError(f"positions [start, stop) = [{start}, {stop}) must satisfy "
+                         f"0 <= start <= stop <= num_samples = {num_samples}.")
+    return start, stop
+
+
+def check_rank(rank: int, world_size: int) -> None:
+    """:class:`OrderError` unless ``0 <= rank < world_size``."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise OrderError(f"rank must be in [0, world_size={world_size}), got {rank}.")
 
 
 def check_rows(shard_rows: Any) -> np.ndarray:

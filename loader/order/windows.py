@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from stoker.loader.order.options import OrderError
+from stoker.loader.order.options import check_rank, check_window
 
 __all__ = ["CHUNK", "Windows"]
 
@@ -60,11 +60,8 @@ class Windows:
         computed ahead (joined to the kept chunk's rest when it crosses their border), else
         computed with the chunk after it.
         """
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise OrderError(f"rank must be in [0, world_size={world_size}), got {rank}.")
-        if not 0 <= start <= stop <= self.num_samples:
-            raise OrderError(f"positions [start, stop) = [{start}, {stop}) must satisfy "
-                             f"0 <= start <= stop <= num_samples = {self.num_samples}.")
+        check_rank(rank, world_size)
+        start, stop = check_window(start, stop, self.num_samples)
         first = start + (rank - start) % world_size
         if first >= stop:
             return np.empty(0, dtype=np.int64)

@@ -12,6 +12,7 @@ themselves are held open by :class:`~stoker.loader.read.open_shards.OpenShards`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from contextlib import AbstractContextManager, nullcontext
@@ -177,8 +178,7 @@ class ArrowSource:
         fastest; beyond it, rounds are staged (a bounded working set at any size)."""
         if self._records_mode < 0:
             return True
-        stride = record_stride(self.manifest, self.columns, self.features, self.categoricals,
-                               self.image)
+        stride = self._stride
         # half the budget: records are reserved per open shard, and a dataset whose records
         # only just fit was measured to keep part of its shards on the column path (5 M W1
         # rows, 1.96 GB of records, 2 GiB budget: 1.1 GB built, 0.19 M rows/s)
@@ -344,14 +344,20 @@ class ArrowSource:
     def group_rows(self) -> int:
         """Rows a thread worker should read as one group (:meth:`fetch_group`), at most
         ``_GROUP_BYTES`` of records; 0 when no batch of this source can be grouped (outputs
-        records never serve)."""
+        records never serve, or rounds are staged: the stager reads them)."""
         plan = self._plan
         if plan is None or plan.arrow_columns or self._records_mode == 0 or \
+                self._stager is not None or \
                 any(o.kind not in ("fixed", "matrix", "list") for o in plan.outputs):
             return 0
-        stride = record_stride(self.manifest, self.columns, self.features, self.categoricals,
-                               self.image)
-        return max(1, min(_GROUP_ROWS, _GROUP_BYTES // max(1, stride)))
+        return max(1, min(_GROUP_ROWS, _GROUP_BYTES // max(1, self._stride)))
+
+    @functools.cached_property
+    def _stride(self) -> int:
+        """Bytes of one row's record (stoker.loader.read.order_plan.record_stride: it may read
+        a shard's first record batch, so it is computed once)."""
+        return record_stride(self.manifest, self.columns, self.features, self.categoricals,
+                             self.image)
 
     def fetch_group(self, batches: Sequence[np.ndarray], epoch: int, seed: int,
                     digest: Digest | None) -> list[tuple[dict[str, Any], Any]] | None:
@@ -379,9 +385,7 @@ class ArrowSource:
         slot = self._ring.acquire()
         try:
             try:
-                filled, positions = self._gather_once(ids, slot)
-                if len(positions) and self._open_shards_of(ids[positions]):
-                    filled, positions = self._gather_once(ids, slot)  # opened: records mapped
+                filled, positions = self._gather_opening(ids, slot)
             except NotZeroCopy:  # the batches' own fetch notes it as a fallback
                 return None
             if len(positions) or any(o.name not in filled for o in plan.outputs):
@@ -419,9 +423,7 @@ class ArrowSource:
             filled, positions = self._stager.gather(ids, slot, epoch, seed)
             lists = {f.name for f in self._stager.fields if f.kind == "list"}
         else:
-            filled, positions = self._gather_once(ids, slot)
-        if self._stager is None and len(positions) and self._open_shards_of(ids[positions]):
-            filled, positions = self._gather_once(ids, slot)  # opened shards map stored records
+            filled, positions = self._gather_opening(ids, slot)
         rest: list[Any] = []
         if filled and len(positions):
             if self._stager is None:
@@ -442,6 +444,15 @@ class ArrowSource:
         filled, positions, touched = table.gather(ids, self._starts, slot)
         if len(touched):
             self._shards.touch(touched)
+        return filled, positions
+
+    def _gather_opening(self, ids: np.ndarray,
+                        slot: Any) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """:meth:`_gather_once`, again after opening the shards of the rows it found without
+        records when there were closed ones (opened shards map stored records)."""
+        filled, positions = self._gather_once(ids, slot)
+        if len(positions) and self._open_shards_of(ids[positions]):
+            filled, positions = self._gather_once(ids, slot)
         return filled, positions
 
     def _open_shards_of(self, ids: np.ndarray) -> bool:
