@@ -19,6 +19,7 @@ import os
 import sys
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
+import numpy as np
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, Sampler
 from torch.utils.data import DataLoader as TorchDataLoader
@@ -29,6 +30,7 @@ from stoker.loader.epoch_iter import (BatchTask, CacheEvents, EpochIterator, Epo
                                      cache_clock)
 from stoker.loader.fallbacks import FallbackAccount
 from stoker.loader.fastpath import warm
+from stoker.loader.fastpath.ring import BufferRing
 from stoker.loader.iterable import IterableEpoch, IterableTask
 from stoker.loader.ledger.digest import content_header
 from stoker.loader.loader_state import Resumable
@@ -50,7 +52,7 @@ from stoker.loader.workers.seed import resolve_seed, worker_base_seed
 
 __all__ = ["DataLoader"]
 
-_GROUP_MAX = 8  # batches in one thread-worker task at most (see DataLoader._group)
+_GROUP_MAX = 8  # batches in one worker task at most (see DataLoader._group)
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -267,18 +269,30 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
                 next(sampler)
             steps = range(cursor.step, len(batches))
             where = dict(sampler=sampler, batched=self.batch_sampler is not None)
+        if self._pool is None and "ids" in where:
+            self._open_for_workers(where["ids"], steps)
         pool = self._get_pool()
-        group = self._group(pool) if self._mode == "order" else 1
+        group = self._group() if hasattr(pool, "submit_group") else 1
         depth = getattr(pool, "depth", 0) or self.num_workers * self._prefetch * group
         return run(pool=pool, depth=max(depth, 1), steps=steps, skip=frozenset(cursor.ahead),
                    group=group, **where)
 
-    def _group(self, pool: WorkerPool | None) -> int:
-        """Batches per thread-worker task: enough rows that one record gather's nogil copy
-        outlasts the ~30 us a thread waits to get the GIL back (ArrowSource.fetch_group);
-        1 where the pool or the source cannot group."""
+    def _open_for_workers(self, ids: Callable[[int], np.ndarray], steps: range) -> None:
+        """Before worker processes fork: the source opens the shards of their first tasks
+        here, and they inherit them (ArrowSource.open_for_workers)."""
+        open_for = getattr(self._source, "open_for_workers", None)
+        if open_for is None or self.worker_mode != "process" or not self.num_workers:
+            return
+        first = steps[:self.num_workers * self._prefetch * self._group()]
+        if len(first):
+            open_for(np.concatenate([ids(step) for step in first]))
+
+    def _group(self) -> int:
+        """Batches per worker task: enough rows that one record gather's nogil copy outlasts
+        the ~30 us a thread waits to get the GIL back (ArrowSource.fetch_group), and a
+        process worker's pipe messages are one per group; 1 where the source cannot group."""
         rows = getattr(self._source, "group_rows", 0)
-        if not rows or not hasattr(pool, "submit_group") or self.batch_size is None:
+        if not rows or self._mode != "order" or self.batch_size is None:
             return 1
         return max(1, min(_GROUP_MAX, rows // max(1, self.batch_size)))
 
@@ -312,7 +326,8 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         if self._pool is None:
             setup = WorkerSetup(self.num_workers, self.worker_init_fn,
                                 worker_base_seed(self.seed, self._cursor.epoch), self.dataset,
-                                self.multiprocessing_context, targeted)
+                                self.multiprocessing_context, targeted,
+                                1 if targeted else self._group(), BufferRing)
             self._pool = make_pool(self._task, self.worker_mode, setup)
         return self._pool
 

@@ -16,13 +16,14 @@ import queue
 import sys
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from stoker.loader.errors import LoaderTimeoutError
 from stoker.loader.workers.failure import WorkerFailure
 from stoker.loader.workers.info import WorkerContext, user_code
 
-__all__ = ["ThreadPool", "WorkerPool", "WorkerSetup", "batch_name", "late", "make_pool"]
+__all__ = ["ThreadPool", "WorkerPool", "WorkerSetup", "batch_name", "late", "make_pool",
+           "run_group"]
 
 Task = Callable[[Any], Any]
 INIT = "__init__"  # the results key of a failed worker_init_fn
@@ -31,15 +32,21 @@ INIT = "__init__"  # the results key of a failed worker_init_fn
 class WorkerSetup:
     """What every worker of a pool starts with (torch's worker arguments)."""
 
-    __slots__ = ("base_seed", "dataset", "init", "mp_context", "num_workers", "targeted")
+    __slots__ = ("base_seed", "buffers", "dataset", "group", "init", "mp_context",
+                 "num_workers", "targeted")
 
     def __init__(self, num_workers: int, init: Callable[[int], None] | None = None,
                  base_seed: int = 0, dataset: Any = None, mp_context: Any = None,
-                 targeted: bool = False) -> None:
+                 targeted: bool = False, group: int = 1,
+                 buffers: Callable[[int], Any] | None = None) -> None:
         self.num_workers, self.init, self.base_seed = num_workers, init, base_seed
         self.dataset, self.mp_context = dataset, mp_context
         # every task names its worker (an IterableDataset's iterator lives in one worker)
         self.targeted = targeted
+        self.group = group  # batches per task at most (submit_group)
+        # buffers(depth): reusable buffers that a worker process's batches are copied into
+        # (the DataLoader's stoker.loader.fastpath.ring.BufferRing; None: fresh arrays)
+        self.buffers = buffers
 
     def context(self, worker_id: int, mode: str) -> WorkerContext:
         return WorkerContext(worker_id, self.num_workers, self.base_seed, self.dataset, mode)
@@ -65,6 +72,19 @@ def run_task(fn: Task, payload: Any, where: str, local: bool) -> Any:
 
 def _call(fn: Callable[[], Any]) -> Any:
     return fn()
+
+
+def run_group(fn: Any, seqs: list[Any], payloads: list[Any], where: str,
+              local: bool) -> Iterator[tuple[Any, Any]]:
+    """``(seq, result)`` of each batch of a group task (``submit_group``), as soon as it is
+    finished: the group is read by ``fn.many`` (stoker.loader.epoch_iter.BatchTask.many),
+    and a failure belongs to its own batch (all of them when the group read itself fails)."""
+    calls = run_task(fn.many, payloads, where, local)
+    if isinstance(calls, WorkerFailure):
+        calls = [calls] * len(seqs)
+    for seq, call in zip(seqs, calls):
+        yield seq, call if isinstance(call, WorkerFailure) else run_task(_call, call, where,
+                                                                         local)
 
 
 def run_init(context: WorkerContext, init: Callable[[int], None] | None, where: str,
@@ -148,12 +168,7 @@ def _thread_main(fn: Task, tasks: queue.Queue, results: dict, cond: threading.Co
             return
         seq, payload = item
         if isinstance(seq, list):  # a group (ThreadPool.submit_group): delivered one by one
-            calls = run_task(fn.many, payload, where, local=True)
-            if isinstance(calls, WorkerFailure):
-                calls = [calls] * len(seq)
-            for one, call in zip(seq, calls):
-                out = call if isinstance(call, WorkerFailure) else \
-                    run_task(_call, call, where, local=True)
+            for one, out in run_group(fn, seq, payload, where, local=True):
                 with cond:
                     results[one] = out
                     cond.notify_all()

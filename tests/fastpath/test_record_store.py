@@ -213,8 +213,10 @@ def test_process_workers_share_the_files(dataset: Manifest, tmp_path: Path) -> N
         assert out.returncode == 0, out.stderr[-2000:]
         return out.stdout
 
-    cold = run()  # workers build nothing: no files yet, no private copies
-    assert _files(where) == []
+    # the workers build nothing (no private copies); the loader's own process opened the
+    # shards of their first tasks before forking them and built each shard's records once
+    cold = run()
+    assert len(_files(where)) == dataset.num_shards
     _served(_source(dataset, where), IDS)
     assert run() == cold  # now both workers map the same files: same batches
 

@@ -1,8 +1,10 @@
-"""Thread workers read several batches per task (ArrowSource.fetch_group): the same batches,
-byte for byte, as one at a time; a failure still belongs to its own batch."""
+"""Workers read several batches per task (ArrowSource.fetch_group): the same batches, byte
+for byte, as one at a time; a failure still belongs to its own batch."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from stoker.loader import DataLoader, ReadOptions, WorkerError
+from stoker.loader import DataLoader, ReadOptions, WorkerError, WorkerOptions
 from stoker.loader.read.arrow import ArrowSource
 
 COLUMNS = ["id", "x", "y"]  # fixed widths: every output is served from records
@@ -34,18 +36,25 @@ def _epochs(dl: DataLoader, epochs: int) -> list[Any]:
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
-@pytest.mark.parametrize("workers", [1, 2])
-def test_grouped_batches_equal_one_at_a_time(dataset: Path, shuffle: bool,
-                                             workers: int) -> None:
+@pytest.mark.parametrize("workers,mode", [(1, "thread"), (2, "thread"), (1, "process"),
+                                          (2, "process")])
+def test_grouped_batches_equal_one_at_a_time(dataset: Path, shuffle: bool, workers: int,
+                                             mode: str) -> None:
     """Batches of a 615-sample epoch (the last one short) read in groups equal, byte for
-    byte and in order, what num_workers=0 reads, over epochs; and groups were really used."""
+    byte and in order, what num_workers=0 reads, over epochs; and groups were really used
+    (process workers: handed out, and none read again batch by batch)."""
     ref = _loader(dataset, shuffle=shuffle)
     want = _epochs(ref, 3)
     ref.close()
-    dl = _loader(dataset, shuffle=shuffle, num_workers=workers)
-    assert dl._group(dl._get_pool()) == 8  # 8192 rows per group, batches of 16: at most 8
+    dl = _loader(dataset, shuffle=shuffle, num_workers=workers,
+                 workers=WorkerOptions(mode=mode), persistent_workers=mode == "process")
+    assert dl._group() == 8  # 8192 rows per group, batches of 16: at most 8
     got = _epochs(dl, 3)
-    assert dl._source.batches_grouped > 0
+    if mode == "thread":
+        assert dl._source.batches_grouped > 0
+    else:
+        assert dl._pool.grouped > 0 and "group_retried" not in dl.stats.fallbacks
+        assert dl._source.opened_shards  # opened here before the fork, for the workers
     dl.close()
     assert got == want
     flipped = [list(b) for b in want]
@@ -116,7 +125,7 @@ def test_sources_whose_outputs_records_cannot_serve_are_not_grouped(dataset: Pat
     """A string column (never in records): one batch per task, as before."""
     dl = DataLoader(str(dataset), batch_size=16, columns=["id", "name"], num_workers=2,
                     read=ReadOptions(row_major=True))
-    assert dl._group(dl._get_pool()) == 1
+    assert dl._group() == 1
     names = [n for b in dl for n in b["name"]]
     assert names == [f"s{i}" for i in range(615)]
     dl.close()
@@ -134,3 +143,35 @@ def test_a_list_column_of_varying_width_is_read_batch_by_batch(dataset: Path) ->
     dl.close()
     assert got == want
     assert len({shape for b in want for k, _, shape, _ in b if k == "seq"}) > 1
+
+
+class _DieOnce:
+    """A transform that kills its worker process at one batch, the first time only (a file
+    marks that it happened: the restarted worker is a new process)."""
+
+    def __init__(self, marker: Path, first_id: int) -> None:
+        self.marker, self.first_id = marker, first_id
+
+    def __call__(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if int(batch["id"][0]) == self.first_id and not self.marker.exists():
+            self.marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return batch
+
+
+def test_a_process_worker_killed_inside_a_group_loses_no_batch(dataset: Path,
+                                                               tmp_path: Path) -> None:
+    """A worker killed in the middle of a group: the batches it had not handed back are read
+    again (one by one, by its replacement) and the epoch is byte for byte what
+    num_workers=0 reads."""
+    ref = _loader(dataset)
+    want = _epochs(ref, 1)
+    ref.close()
+    dl = _loader(dataset, num_workers=2, workers=WorkerOptions(mode="process"),
+                 persistent_workers=True, transform=_DieOnce(tmp_path / "died", 11 * 16))
+    assert dl._group() == 8
+    got = _epochs(dl, 1)
+    assert dl._pool.restarts == 1 and dl._pool.grouped > 0
+    dl.close()
+    assert (tmp_path / "died").exists()
+    assert got == want

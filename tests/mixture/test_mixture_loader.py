@@ -256,7 +256,7 @@ def test_thread_workers_read_groups_of_a_mixture_byte_for_byte(sources) -> None:
     ref = [{k: v.clone() for k, v in b.items()} for b in _epochs(base, 2)]
     base.close()
     dl = DataLoader(mix, num_workers=2, **kw)
-    assert dl._source.union and dl._group(dl._get_pool()) > 1
+    assert dl._source.union and dl._group() > 1
     got = _epochs(dl, 2)
     assert dl._source.readers[0].batches_grouped > 0
     dl.close()
