@@ -30,7 +30,6 @@ from stoker.loader.epoch_iter import (BatchTask, CacheEvents, EpochIterator, Epo
                                      cache_clock)
 from stoker.loader.fallbacks import FallbackAccount
 from stoker.loader.fastpath import warm
-from stoker.loader.fastpath.ring import BufferRing
 from stoker.loader.iterable import IterableEpoch, IterableTask
 from stoker.loader.ledger.digest import content_header
 from stoker.loader.loader_state import Resumable
@@ -327,7 +326,7 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
             setup = WorkerSetup(self.num_workers, self.worker_init_fn,
                                 worker_base_seed(self.seed, self._cursor.epoch), self.dataset,
                                 self.multiprocessing_context, targeted,
-                                1 if targeted else self._group(), BufferRing)
+                                1 if targeted else self._group())
             self._pool = make_pool(self._task, self.worker_mode, setup)
         return self._pool
 

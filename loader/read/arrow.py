@@ -343,7 +343,7 @@ class ArrowSource:
 
     @property
     def group_rows(self) -> int:
-        """Rows a thread worker should read as one group (:meth:`fetch_group`), at most
+        """Rows a worker should read as one group (:meth:`fetch_group`), at most
         ``_GROUP_BYTES`` of records; 0 when no batch of this source can be grouped (outputs
         records never serve, or rounds are staged: the stager reads them)."""
         plan = self._plan

@@ -196,7 +196,7 @@ class MixtureSource:
 
     @property
     def group_rows(self) -> int:
-        """Rows a thread worker reads as one group (ArrowSource.group_rows): sources that
+        """Rows a worker reads as one group (ArrowSource.group_rows): sources that
         share one reader only."""
         return self.readers[0].group_rows if self.union else 0
 
@@ -225,6 +225,17 @@ class MixtureSource:
         for (batch, _), column in zip(got, columns):
             batch["source"] = column
         return got
+
+    def open_for_workers(self, ids: np.ndarray) -> None:
+        """Each reader opens the shards of its share of ``ids`` before worker processes fork
+        (ArrowSource.open_for_workers: local shards only)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if self.union:
+            self.readers[0].open_for_workers(ids)
+            return
+        src = source_of(ids, self._offsets)
+        for i in np.unique(src).tolist():
+            self.readers[i].open_for_workers(ids[src == i] - self._offsets[i])
 
     def cache_clock(self, order: MixtureOrder, plan: Any,
                     step: int) -> Callable[[int], None] | None:

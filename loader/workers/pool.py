@@ -32,21 +32,17 @@ INIT = "__init__"  # the results key of a failed worker_init_fn
 class WorkerSetup:
     """What every worker of a pool starts with (torch's worker arguments)."""
 
-    __slots__ = ("base_seed", "buffers", "dataset", "group", "init", "mp_context",
-                 "num_workers", "targeted")
+    __slots__ = ("base_seed", "dataset", "group", "init", "mp_context", "num_workers",
+                 "targeted")
 
     def __init__(self, num_workers: int, init: Callable[[int], None] | None = None,
                  base_seed: int = 0, dataset: Any = None, mp_context: Any = None,
-                 targeted: bool = False, group: int = 1,
-                 buffers: Callable[[int], Any] | None = None) -> None:
+                 targeted: bool = False, group: int = 1) -> None:
         self.num_workers, self.init, self.base_seed = num_workers, init, base_seed
         self.dataset, self.mp_context = dataset, mp_context
         # every task names its worker (an IterableDataset's iterator lives in one worker)
         self.targeted = targeted
         self.group = group  # batches per task at most (submit_group)
-        # buffers(depth): reusable buffers that a worker process's batches are copied into
-        # (the DataLoader's stoker.loader.fastpath.ring.BufferRing; None: fresh arrays)
-        self.buffers = buffers
 
     def context(self, worker_id: int, mode: str) -> WorkerContext:
         return WorkerContext(worker_id, self.num_workers, self.base_seed, self.dataset, mode)

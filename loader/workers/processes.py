@@ -2,7 +2,10 @@
 
 Each worker is a torch worker process (``stoker.loader.workers.info``): its own copy of the
 dataset, one intra-op thread, torch's seeding, ``get_worker_info()``. Work is handed out by
-the consumer and results come back by sequence number, as for threads.
+the consumer and results come back by sequence number, as for threads; a stoker dataset's
+batches go out in groups (``submit_group``) and come back one by one. Workers are forked
+after the consumer's copy of the dataset opened the shards of their first tasks
+(stoker.loader.dataloader), so they inherit those maps instead of opening them again.
 """
 
 from __future__ import annotations
@@ -103,8 +106,7 @@ class _Proc:
         # made before the fork (the child shares them); a slot more than the batches it holds.
         # Tasks too: a group's ids (up to 64 KB) written into a pipe filled it, and the
         # consumer's send blocked until the busy worker read them.
-        out = setup.buffers(limit + 2) if setup.buffers is not None else None
-        self.ring = Ring(slots=limit + 1, out=out) if fork else None
+        self.ring = Ring(slots=limit + 1) if fork else None
         self.task_ring = Ring(slots=limit + 1, slot_bytes=_TASK_SLOT) if fork else None
         self.index = index
         self.taken: dict[Any, Any] = {}  # seq -> payload sent to this worker, not yet answered
@@ -296,10 +298,10 @@ class ProcessPool(WorkerPool):
 
     def _poll(self, seqs: Sequence[Any], deadline: float | None) -> None:
         """Hand out work, read results, restart dead workers. Waiting for one batch, only
-        its worker's results are read (they arrive in its tasks' order): each batch is then
-        copied out of the worker's ring just before it is yielded, into a buffer the
-        previous batches left warm in the CPU's cache. Reading every result as it arrived,
-        up to 32 copied batches waited, and the copies ran at half the speed."""
+        its worker's results are read (they arrive in its tasks' order), so each batch is
+        copied out of the worker's ring just before it is yielded rather than as soon as it
+        arrived (2 M W1 rows, shuffled, 2 process workers, later epochs, 4 interleaved
+        runs each: 3.85 against 3.5 M rows/s)."""
         self._dispatch()
         current = seqs[0]
         owner = [w for w in self._workers if current in w.taken] if len(seqs) == 1 else []

@@ -21,8 +21,10 @@ its batch into a :class:`Ring` of shared-memory slots made before the fork (pick
 the tensors' bytes go out of band, each copied once into the slot) and sends only a slot
 reference; the consumer copies each buffer once out of the slot into a fresh array the new
 tensor owns. A slot is written again only after the consumer read it (the worker holds at
-most :data:`IN_FLIGHT` batches, and the ring has one slot more); a stamp written before the
-payload and checked after the copy would catch a slot overwritten early.
+most the pool's limit of batches, :data:`IN_FLIGHT` tasks, and the ring has one slot more);
+a stamp written before the payload and checked after the copy would catch a slot overwritten
+early. The consumer hands tasks over the same way, through a second ring per worker: a group
+of 8 batches' ids (64 KB) filled the pipe, and the consumer's send waited for the worker.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from stoker.loader.errors import LoaderError
 __all__ = ["BY_BYTES_MAX", "IN_FLIGHT", "Ring", "RingError", "dumps"]
 
 BY_BYTES_MAX = 1 << 20  # bytes; above it, sharing the storage beats copying it twice
-IN_FLIGHT = 2  # batches handed to one worker process at a time (the pool's limit)
+IN_FLIGHT = 2  # tasks handed to one worker process at a time (the pool's limit)
 SLOT_BYTES = 8 << 20  # one slot of a ring: a W2 batch (256 x 64 x 64 x 3 pixels) fits
 _ALIGN = 64
 _REF = b"R"  # a slot reference (a pickle starts with its PROTO opcode, 0x80)
@@ -98,15 +100,11 @@ class Ring:
     the pipe. Not for ``spawn``/``forkserver`` workers (they do not inherit the mapping).
     """
 
-    def __init__(self, slots: int = IN_FLIGHT + 1, slot_bytes: int = SLOT_BYTES,
-                 out: Any = None) -> None:
+    def __init__(self, slots: int = IN_FLIGHT + 1, slot_bytes: int = SLOT_BYTES) -> None:
         self.slots, self.slot_bytes = slots, slot_bytes
         self._map = mmap.mmap(-1, slots * slot_bytes)  # MAP_SHARED | MAP_ANONYMOUS
         self._view = np.frombuffer(self._map, dtype=np.uint8)
         self._stamp = 0  # the worker's count of batches put
-        # what loads() copies into (a stoker.loader.fastpath.ring.BufferRing: buffers reused
-        # once no tensor views them); None: fresh arrays
-        self._out = out
 
     def put(self, obj: Any) -> bytes:
         """What the worker sends through the pipe for ``obj``: a slot reference after writing
@@ -131,9 +129,7 @@ class Ring:
 
     def loads(self, raw: bytes) -> Any:
         """The object behind ``raw`` (a slot reference or a whole pickle); each buffer is
-        copied out of the slot, so the slot can be written again at once. The copies land in
-        buffers of earlier batches that nothing views any more: a W1 batch copied into fresh
-        memory took 79 us of CPU (page faults), into reused memory 23 us."""
+        copied out of the slot, so the slot can be written again at once."""
         if raw[:1] != _REF:
             return ForkingPickler.loads(raw)
         stamp, count = struct.unpack_from("<QQ", raw, 1)
@@ -142,17 +138,9 @@ class Ring:
         view = self._view
         at = _HEAD.size
         parts = []
-        out = self._out.acquire() if self._out is not None else None
-        try:
-            for i, n in enumerate(sizes):
-                part = out.array(str(i), (n,), np.uint8) if out is not None \
-                    else np.empty(n, np.uint8)
-                np.copyto(part, view[base + at:base + at + n])
-                parts.append(part)
-                at += -(-n // _ALIGN) * _ALIGN
-        finally:
-            if out is not None:
-                self._out.release(out)
+        for n in sizes:
+            parts.append(view[base + at:base + at + n].copy())
+            at += -(-n // _ALIGN) * _ALIGN
         if _HEAD.unpack_from(self._map, base) != (stamp, count):
             raise RingError(f"ring slot {stamp % self.slots} holds another batch than the one "
                             f"announced ({stamp}): it was overwritten before it was read")

@@ -243,10 +243,12 @@ def test_a_remote_source_is_cached_and_read_on_its_own(sources, nginx, tmp_path:
     assert sorted(shards) == ["/shards/00000.arrow", "/shards/00001.arrow"]  # once each
 
 
-def test_thread_workers_read_groups_of_a_mixture_byte_for_byte(sources) -> None:
-    """Fixed-width columns of sources sharing one reader: thread workers read several
-    batches per record gather (MixtureSource.fetch_group); every batch, ``"source"``
-    included, equals what num_workers=0 reads."""
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_workers_read_groups_of_a_mixture_byte_for_byte(sources, mode: str) -> None:
+    """Fixed-width columns of sources sharing one reader: workers read several batches per
+    record gather (MixtureSource.fetch_group); every batch, ``"source"`` included, equals
+    what num_workers=0 reads. Process workers are forked after the loader's process opened
+    the shards of their first tasks."""
     from stoker.loader import ReadOptions
 
     mix = _mixture(sources)
@@ -255,10 +257,14 @@ def test_thread_workers_read_groups_of_a_mixture_byte_for_byte(sources) -> None:
     base = DataLoader(mix, **kw)
     ref = [{k: v.clone() for k, v in b.items()} for b in _epochs(base, 2)]
     base.close()
-    dl = DataLoader(mix, num_workers=2, **kw)
+    dl = DataLoader(mix, num_workers=2, workers=WorkerOptions(mode=mode),
+                    persistent_workers=mode == "process", **kw)
     assert dl._source.union and dl._group() > 1
     got = _epochs(dl, 2)
-    assert dl._source.readers[0].batches_grouped > 0
+    if mode == "thread":
+        assert dl._source.readers[0].batches_grouped > 0
+    else:
+        assert dl._pool.grouped > 0 and dl._source.readers[0].opened_shards
     dl.close()
     assert len(got) == len(ref) and list(got[0]) == list(ref[0]) == ["id", "x", "source"]
     for a, b in zip(got, ref):
