@@ -53,9 +53,10 @@ def handover(rounds: int = 20_000) -> float:
 def loader_epochs(path: Path, epochs: int) -> None:
     """Through the DataLoader, in this process: W1 rows/s of later epochs (after one untimed
     epoch builds the records), median over ``epochs``, for 0 and 2 thread workers, shuffle
-    on and off, with thread workers' groups (up to 8 batches per task, the default) and with
-    one batch per task (stoker.loader.dataloader._GROUP_MAX set to 1: what workers did
-    before 1f5d472)."""
+    on and off, and shuffled from staged rounds (``row_major="staged"``: the path past the
+    records budget), with thread workers' groups (up to 8 batches per task, the default) and
+    with one batch per task (stoker.loader.dataloader._GROUP_MAX set to 1: what workers did
+    before 1f5d472, and from staged rounds before groups were read from them)."""
     import statistics
 
     import loader_bench as lb
@@ -63,12 +64,13 @@ def loader_epochs(path: Path, epochs: int) -> None:
     from stoker.loader import dataloader as dl_module
 
     grouped = dl_module._GROUP_MAX
-    for shuffle in (False, True):
+    for shuffle, row_major in ((False, "auto"), (True, "auto"), (True, "staged")):
         for workers, group in ((0, grouped), (2, 1), (2, grouped)):
             dl_module._GROUP_MAX = group
             loader = DataLoader(path, batch_size=lb.W1_BATCH, shuffle=shuffle, seed=0,
                                 num_workers=workers, columns=["seq", "label"],
-                                read=ReadOptions(features=lb.FEATURES, categoricals=lb.CATS))
+                                read=ReadOptions(features=lb.FEATURES, categoricals=lb.CATS,
+                                                 row_major=row_major))
             rates = []
             for epoch in range(epochs + 1):
                 loader.set_epoch(epoch)
@@ -80,7 +82,9 @@ def loader_epochs(path: Path, epochs: int) -> None:
             loader.close()
             what = "no workers" if not workers else \
                 f"{workers} thread workers, {group} batch{'es' if group > 1 else ''} per task"
-            print(f"DataLoader, {'shuffled' if shuffle else 'natural order'}, {what}: "
+            order = "natural order" if not shuffle else \
+                "shuffled, staged rounds" if row_major == "staged" else "shuffled"
+            print(f"DataLoader, {order}, {what}: "
                   f"{statistics.median(rates) / 1e6:.2f} M rows/s (later epochs, in-process)")
     dl_module._GROUP_MAX = grouped
 

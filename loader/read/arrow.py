@@ -345,10 +345,9 @@ class ArrowSource:
     def group_rows(self) -> int:
         """Rows a worker should read as one group (:meth:`fetch_group`), at most
         ``_GROUP_BYTES`` of records; 0 when no batch of this source can be grouped (outputs
-        records never serve, or rounds are staged: the stager reads them)."""
+        records never serve)."""
         plan = self._plan
         if plan is None or plan.arrow_columns or self._records_mode == 0 or \
-                self._stager is not None or \
                 any(o.kind not in ("fixed", "matrix", "list") for o in plan.outputs):
             return 0
         return max(1, min(_GROUP_ROWS, _GROUP_BYTES // max(1, self._stride)))
@@ -369,28 +368,35 @@ class ArrowSource:
         every kernel call, and on this kind of machine a hand-over costs ~30 us (a thread
         waking another): more than a natural-order W1 batch's copy (bench/gil_bench.py).
         One gather for several batches makes the nogil part long enough for two workers to
-        overlap. Served only when every output of every row comes from row-major records
-        (fixed widths: each batch is a row slice of the group, bitwise what
-        :meth:`fetch_digested` gives); batches are views of one ring slot.
+        overlap. Served only when every output of every row comes from row-major records or
+        from staged rounds (fixed widths: each batch is a row slice of the group, bitwise
+        what :meth:`fetch_digested` gives); batches are views of one ring slot. A group of
+        staged rows holds at most two rounds at once, as a batch across a round's end does.
         """
-        plan, table = self._plan, self._records
-        if plan is None or self._stager is not None or table is None or not len(table) \
-                or len(batches) < 2 or not warm.ready(*self._warm):
+        plan, table, stager = self._plan, self._records, self._stager
+        if plan is None or len(batches) < 2 or not warm.ready(*self._warm) or \
+                (stager is None and (table is None or not len(table))):
             return None
         held, skip = self._group_skip
-        if skip > 0 and held == len(table):  # no records added since the last miss
+        if skip > 0 and (stager is not None or held == len(table)):  # nothing new since a miss
             self._group_skip = (held, skip - 1)
             return None
         sizes = [len(b) for b in batches]
         ids = np.concatenate([np.asarray(b, dtype=np.int64) for b in batches])
+        if stager is not None:
+            first, last = stager.order(epoch, seed).block_of(ids[[0, -1]]).tolist()
+            if last - first > 1:  # more rounds than one batch may hold: read batch by batch
+                return None
         slot = self._ring.acquire()
         try:
             try:
-                filled, positions = self._gather_opening(ids, slot)
+                filled, positions = self._gather_opening(ids, slot) if stager is None \
+                    else stager.gather(ids, slot, epoch, seed)
             except NotZeroCopy:  # the batches' own fetch notes it as a fallback
                 return None
             if len(positions) or any(o.name not in filled for o in plan.outputs):
-                self._group_skip = (len(table), _GROUP_SKIP)  # records still being built
+                # records still being built, or a field the stager leaves out
+                self._group_skip = (0 if table is None else len(table), _GROUP_SKIP)
                 return None
             out: list[tuple[dict[str, Any], Any]] = []
             lo = 0

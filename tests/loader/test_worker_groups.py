@@ -175,3 +175,20 @@ def test_a_process_worker_killed_inside_a_group_loses_no_batch(dataset: Path,
     dl.close()
     assert (tmp_path / "died").exists()
     assert got == want
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_staged_rounds_are_read_in_groups_byte_for_byte(dataset: Path, workers: int) -> None:
+    """Shuffled rounds staged row-major (the path past the records budget): workers read
+    several batches per staged gather, at most two rounds at once; every batch equals what
+    num_workers=0 reads, over epochs."""
+    staged = ReadOptions(row_major="staged")
+    ref = _loader(dataset, shuffle=True, read=staged)
+    want = _epochs(ref, 3)
+    ref.close()
+    dl = _loader(dataset, shuffle=True, read=staged, num_workers=workers)
+    assert dl._source._stager is not None and dl._group() == 8
+    got = _epochs(dl, 3)
+    assert dl._source.batches_grouped > 0
+    dl.close()
+    assert got == want
