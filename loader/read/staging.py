@@ -45,6 +45,7 @@ __all__ = ["Stager", "StagedRecords"]
 
 _Key = tuple[int, int, int]  # (epoch, seed, block)
 _END = np.iinfo(np.int64).max
+_SPLIT_ROWS = 4096  # rows a copy needs per thread before a second thread takes half
 
 
 
@@ -120,10 +121,11 @@ class Stager:
         self._buffers = 0
         self._orders: dict[tuple[int, int], EpochOrder] = {}
         self._pool: ThreadPoolExecutor | None = None
+        self._helper: ThreadPoolExecutor | None = None  # copies half of each shard's runs
 
     def __getstate__(self) -> dict[str, object]:
         state = self.__dict__.copy()
-        for name in ("_cond", "_rounds", "_free", "_orders", "_pool"):
+        for name in ("_cond", "_rounds", "_free", "_orders", "_pool", "_helper"):
             state.pop(name)
         return state
 
@@ -260,12 +262,24 @@ class Stager:
             r.buffer = _allocate(max(total, capacity), layout.stride, np.dtype(np.uint8))
         rec = r.buffer.reshape(-1, layout.stride)
         fields = [f for f in layout.fields if f.name not in self._misfit_fields]
+        helper = self._copy_helper()
         for i, args in enumerate(per_shard):
             for run in first_runs if i == 0 else self._runs_of(*args):
-                _copy(rec, fields, *run)
+                _copy(rec, fields, *run, helper=helper)
         r.index(gid, length, layout.stride)
         self.staged_rows += total
         self.rounds_staged += 1
+
+    def _copy_helper(self) -> ThreadPoolExecutor | None:
+        """A second thread for a round's copies where there is a second core: the copies
+        are nogil kernels, and one staging thread alone bounded shuffled epochs past the
+        records budget (bench/gil_bench.py, "staged")."""
+        if (os.cpu_count() or 1) < 2:
+            return None
+        with self._cond:
+            if self._helper is None:
+                self._helper = ThreadPoolExecutor(1, thread_name_prefix="stoker-staging-copy")
+            return self._helper
 
     def _prefetch(self, order: EpochOrder, key: _Key, keep: set[_Key]) -> None:
         if key[2] >= order.blocks_per_partition():
@@ -355,8 +369,11 @@ class Stager:
         self._closed = True
         with self._cond:
             pool, self._pool = self._pool, None
-        if pool is not None and self._pid == os.getpid():
-            executors.stop(pool)
+            helper, self._helper = self._helper, None
+        if self._pid == os.getpid():
+            for p in (pool, helper):
+                if p is not None:
+                    executors.stop(p)
 
 
 class StagedRecords:
@@ -374,13 +391,43 @@ class StagedRecords:
 
 
 def _copy(rec: np.ndarray, fields: Sequence[Field], d: ShardData | StagedRecords,
-          first: np.ndarray, end: np.ndarray, dest: np.ndarray) -> None:
+          first: np.ndarray, end: np.ndarray, dest: np.ndarray,
+          helper: ThreadPoolExecutor | None = None) -> None:
     """Rows ``first[i]:end[i]`` of ``d`` -> records ``dest[i]...`` of ``rec``, every field;
-    the pages read are advised first (all read at once, nothing around them)."""
+    the pages read are advised first (all read at once, nothing around them). With a
+    ``helper`` thread, it copies the second half of the rows meanwhile."""
     if isinstance(d, StagedRecords):
         d.copy_runs(rec, first, end, dest)
         return
     advise_runs(d, fields, first, end)
+    rows = int((end - first).sum())
+    if helper is None or rows < 2 * _SPLIT_ROWS:
+        _copy_fields(rec, fields, d, first, end, dest)
+        return
+    (a, b) = _halves(first, end, dest, rows // 2)
+    other = helper.submit(_copy_fields, rec, fields, d, *b)
+    try:
+        _copy_fields(rec, fields, d, *a)
+    finally:
+        other.result()
+
+
+def _halves(first: np.ndarray, end: np.ndarray, dest: np.ndarray,
+            at: int) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]:
+    """Runs ``first[i]:end[i]`` (to ``dest[i]``) cut into the first ``at`` rows and the rest,
+    the run that holds row ``at`` split in two."""
+    length = end - first
+    i = int(np.searchsorted(np.cumsum(length), at, side="right"))
+    cut = at - int(length[:i].sum())  # rows of run i that go to the first half
+    head = (np.append(first[:i], first[i]), np.append(end[:i], first[i] + cut),
+            np.append(dest[:i], dest[i]))
+    tail = (np.concatenate([[first[i] + cut], first[i + 1:]]), end[i:],
+            np.concatenate([[dest[i] + cut], dest[i + 1:]]))
+    return head, tail
+
+
+def _copy_fields(rec: np.ndarray, fields: Sequence[Field], d: ShardData, first: np.ndarray,
+                 end: np.ndarray, dest: np.ndarray) -> None:
     for f in fields:
         view = rec[:, f.offset:f.offset + f.nbytes].view(f.dtype)
         if f.kind == "list":

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 import torch
 
 from stoker.loader import DataLoader, ReadOptions, ShuffleOptions, WorkerOptions
@@ -145,3 +147,46 @@ def test_a_shard_is_announced_before_other_threads_can_read_it(dataset: Path) ->
     with pytest.raises(RuntimeError, match="announcement failed"):
         shards.table(4)
     assert 4 not in shards._open and 4 not in shards._opening and 4 not in shards.data
+
+
+@pytest.mark.parametrize("opts", OPTIONS[:2])
+def test_staged_batches_equal_the_column_path_with_every_copy_split(
+        dataset: Path, opts: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round's copies of a shard are split between the staging thread and a helper at a
+    row (the copies of this small dataset are split only with a split size of one row)."""
+    from stoker.loader.read import staging
+
+    splits = []
+    halves = staging._halves
+    monkeypatch.setattr(staging, "_SPLIT_ROWS", 1)
+    monkeypatch.setattr(staging, "_halves", lambda *a: splits.append(a[-1]) or halves(*a))
+    kw = dict(batch_size=16, shuffle=opts, seed=9)
+    ref = [_plain(b) for b in DataLoader(str(dataset), read=ReadOptions(row_major=False), **kw)]
+    dl = DataLoader(str(dataset), read=ReadOptions(row_major="staged"), **kw)
+    got = [_plain(b) for b in dl]
+    dl.close()
+    assert splits and got == ref
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(1, 40)), min_size=1, max_size=12),
+       st.data())
+def test_halves_cut_runs_at_a_row(runs: list[tuple[int, int]], data: Any) -> None:
+    """The two halves hold every (row, destination) of the runs once, the first exactly
+    ``at`` of them, in order."""
+    from stoker.loader.read.staging import _halves
+
+    first = np.array([f for f, _ in runs], dtype=np.int64)
+    end = first + np.array([n for _, n in runs], dtype=np.int64)
+    dest = np.cumsum([0] + [n for _, n in runs[:-1]]).astype(np.int64) * 3
+    total = int((end - first).sum())
+    at = data.draw(st.integers(1, total - 1)) if total > 1 else 0
+    if total < 2:
+        return
+
+    def pairs(f: np.ndarray, e: np.ndarray, d: np.ndarray) -> list[tuple[int, int]]:
+        return [(r, int(to) + r - int(lo)) for lo, hi, to in zip(f, e, d) for r in range(lo, hi)]
+
+    head, tail = _halves(first, end, dest, at)
+    assert all(a.dtype == np.int64 for a in (*head, *tail))
+    assert len(pairs(*head)) == at
+    assert pairs(*head) + pairs(*tail) == pairs(first, end, dest)
