@@ -48,7 +48,6 @@ _END = np.iinfo(np.int64).max
 _SPLIT_ROWS = 4096  # rows a copy needs per thread before a second thread takes half
 
 
-
 class _Round:
     """One staged round: its buffer, its id runs, and who reads it."""
 
