@@ -72,6 +72,11 @@ NOTES = """\
   with 2 workers as in this table at 9e1e2f8 (mixture 3,872,984 rows/s, single 4,276,190),
   the single source more, so the ratio fell from 87-91 % to ~80 % (three runs with 64 k
   chunks: 80, 80, 79).
+- A group's `"source"` column is one kernel call that now keeps the GIL
+  (`stoker.loader.jit.kernel.gil_kernel`): released, the worker thread waited to get it
+  back from the other threads' Python after a few microseconds of work (py-spy: ~25 ms of
+  an epoch's ~80 ms at that line). Two runs of this command with it: 82 %, then 85 % (this
+  table).
 - Until 81e3b5b the consumer computed each chunk itself when a batch crossed into it
   (~1.3 ms): with prefetch_factor 2, two workers' queue held ~0.6 ms of work, so every chunk
   drained it (W1 mixture at 2 workers: 83 % of the single source; 101 % with

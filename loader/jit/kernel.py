@@ -31,7 +31,7 @@ from typing import Any, Callable, TypeVar
 
 from stoker.manifest import locations
 
-__all__ = ["KernelCacheWarning", "Lazy", "choose_cache_dir", "compiled", "kernel",
+__all__ = ["KernelCacheWarning", "Lazy", "choose_cache_dir", "compiled", "gil_kernel", "kernel",
            "lazy_intrinsic", "made", "materialize"]
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -179,7 +179,7 @@ def _make(fn: Callable[..., Any], kind: str) -> Any:
     import numba
 
     cache = _prepare_cache(os.path.dirname(os.path.abspath(inspect.getfile(fn))))
-    return numba.njit(cache=cache, nogil=True)(fn)
+    return numba.njit(cache=cache, nogil=kind == "kernel")(fn)
 
 
 def materialize() -> None:
@@ -235,6 +235,15 @@ def kernel(fn: F) -> F:
     imported at the first use of any kernel (see the module docstring).
     """
     return _define(fn, "kernel")  # type: ignore[no-any-return]
+
+
+def gil_kernel(fn: F) -> F:
+    """:func:`kernel`, but holding the GIL: for a kernel of a few microseconds called between
+    other work of a worker thread. Giving the GIL up and taking it back costs that thread a
+    wait while another thread runs Python (a mixture's ``"source"`` column, one call per
+    group of 8 batches: 2 thread workers read 7.4 M W1 rows/s with it nogil against 9.1 M for
+    the same rows without the column, bench/mixture_bench.py)."""
+    return _define(fn, "gil_kernel")  # type: ignore[no-any-return]
 
 
 def lazy_intrinsic(fn: F) -> F:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stoker.loader.jit.kernel import kernel
+from stoker.loader.jit.kernel import gil_kernel, kernel
 from stoker.loader.jit.search import last_at_or_below
 
 __all__ = ["pick_spans", "place", "source_of"]
@@ -50,7 +50,7 @@ def place(src, pick, lo, base, buf, offsets):  # type: ignore[no-untyped-def]
     return out
 
 
-@kernel
+@gil_kernel
 def source_of(ids, offsets):  # type: ignore[no-untyped-def]
     """int64 source of each mixture id: the last ``i`` with ``offsets[i] <= id`` (``-1`` if
     none), i.e. ``searchsorted(offsets, ids, "right") - 1`` without its temporaries and cast:
