@@ -14,7 +14,8 @@ rows drawn at random first (:mod:`stoker.loader.fastpath.record_check`; ~14 ms p
 shard, about what mapping and verifying the file costs, bench/records_check_bench.py). A file
 that differs is a counted ``"records_mismatch"`` fallback: it is deleted from the store and
 the records are rebuilt from the shard (and saved again); a forked worker that does not build
-under ``"auto"`` serves the shard from its columns.
+under ``"auto"`` serves the shard from its columns until another process saved its records
+(:meth:`ShardRecords.look`).
 
 Every decision about a shard is taken under the source's lock, against the source's own view
 of which shards are open (``current``), so a shard closed while its records were being built
@@ -26,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -46,6 +48,8 @@ if TYPE_CHECKING:
 __all__ = ["ShardRecords"]
 
 logger = logging.getLogger(__name__)
+
+_LOOK_S = 0.5  # seconds between a forked worker's looks for records another process saved
 
 
 class ShardRecords:
@@ -77,6 +81,10 @@ class ShardRecords:
         self._bytes: dict[int, int] = {}
         self._store: RecordStore | None = None
         self._pool: tuple[int, ThreadPoolExecutor, ThreadPoolExecutor] | None = None
+        # a forked worker's open shards whose records another process may still save:
+        # index -> (data, misfits, file name, bytes); see look()
+        self._waiting: dict[int, tuple[ShardData, list[str], str, int]] = {}
+        self._next_look = 0.0
 
     @property
     def nbytes(self) -> int:
@@ -108,11 +116,15 @@ class ShardRecords:
         if self.mode < 0 or (store is not None and name is not None and store.exists(name)):
             self._get(index, data, misfits, name)
         else:
+            if name is not None:  # a worker forked before the build maps it later (look())
+                with self._lock:
+                    self._waiting[index] = (data, misfits, name, nbytes)
             self._pools()[0].submit(warm.after_first_batch, _gated, self._get, index, data,
                                     misfits, name)
 
     def dropped(self, index: int) -> None:
         """Shard ``index`` closed (call under the source's lock): release its records."""
+        self._waiting.pop(index, None)
         self._budget.release(self._bytes.pop(index, 0))
         if self.table is not None:
             self.table.remove(index)
@@ -135,6 +147,33 @@ class ShardRecords:
             pool[1].submit(lambda: None).result()  # builds first: they queue the saves
             pool[2].submit(lambda: None).result()
 
+    def look(self) -> bool:
+        """In a forked worker under ``"auto"`` (which builds no records of its own): map the
+        records that another process saved since its shards opened, at most every
+        ``_LOOK_S`` seconds; whether any were mapped. The loader's own process builds the
+        records of the shards it opened before forking, so persistent workers on a node's
+        first run would otherwise read those shards from their columns until they exit."""
+        if not self._waiting or os.getpid() == self.owner_pid or \
+                time.monotonic() < self._next_look:
+            return False
+        self._next_look = time.monotonic() + _LOOK_S
+        store = self._store
+        found = False
+        for index, (data, misfits, name, nbytes) in list(self._waiting.items()):
+            if store is None or not store.exists(name):
+                continue
+            with self._lock:
+                self._waiting.pop(index, None)
+                if not self._current(index, data):
+                    continue
+                if index not in self._bytes:  # a build of this process gave it back
+                    if not self._budget.reserve(nbytes):
+                        continue
+                    self._bytes[index] = nbytes
+            self._get(index, data, misfits, name)
+            found = True
+        return found
+
     # -- getting records ----------------------------------------------------------------------
     def _get(self, index: int, data: ShardData, misfits: list[str], name: str | None) -> None:
         table = self.table
@@ -153,6 +192,7 @@ class ShardRecords:
                 self._budget.release(self._bytes.pop(index, 0))
                 return
             table.add(index, records, misfits)
+            self._waiting.pop(index, None)
         if built and self._store is not None and name is not None:
             # after add: the save then swaps the served records for the file's mapping
             self._pools()[1].submit(_gated, self._save, self._store, name, index, data,

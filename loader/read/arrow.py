@@ -456,9 +456,11 @@ class ArrowSource:
     def _gather_opening(self, ids: np.ndarray,
                         slot: Any) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """:meth:`_gather_once`, again after opening the shards of the rows it found without
-        records when there were closed ones (opened shards map stored records)."""
+        records when there were closed ones (opened shards map stored records), or after a
+        forked worker mapped records another process saved meanwhile (ShardRecords.look)."""
         filled, positions = self._gather_once(ids, slot)
-        if len(positions) and self._open_shards_of(ids[positions]):
+        if len(positions) and (self._open_shards_of(ids[positions]) or
+                               (self._rm is not None and self._rm.look())):
             filled, positions = self._gather_once(ids, slot)
         return filled, positions
 

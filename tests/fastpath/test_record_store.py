@@ -238,3 +238,23 @@ def test_nothing_is_written_when_the_disk_would_run_low(dataset: Manifest,
     assert not full.save("a.rec", np.zeros(10, dtype=np.uint8))
     assert _files(tmp_path) == []
     assert RecordStore(str(tmp_path), min_free=0.0).save("a.rec", np.zeros(10, dtype=np.uint8))
+
+
+def test_a_forked_worker_maps_records_another_process_saved_later(
+        dataset: Manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forked worker under "auto" builds no records; once another process (the loader's
+    own) saved them, its next batch with rows lacking records maps them, and batches stay
+    byte for byte the column path's."""
+    from stoker.loader.fastpath import shard_records
+
+    monkeypatch.setattr(shard_records, "_LOOK_S", 0.0)
+    where = tmp_path / "records"
+    worker = _source(dataset, where)
+    worker._rm.owner_pid = -1  # as in a process forked from the records' owner
+    want = _bytes(_columns(dataset).fetch(IDS))
+    assert _served(worker, IDS) == want
+    assert worker._records is not None and len(worker._records) == 0 and not _files(where)
+    _served(_source(dataset, where), IDS)  # the owner builds and saves every shard's records
+    assert len(_files(where)) == dataset.num_shards
+    assert _bytes(worker.fetch(IDS)) == want
+    assert len(worker._records) == dataset.num_shards  # mapped from the saved files
