@@ -189,6 +189,7 @@ class ProcessPool(WorkerPool):
         self._restarts: list[dict[str, Any]] = []
         self.restarts = 0
         self.grouped = 0  # batches handed out in groups
+        self._generation: int | None = None  # of the iteration being read (seq[0])
         self._timeout: float | None = None
         self._closed = False
         self._limit = IN_FLIGHT * max(1, setup.group)  # batches handed to one worker at once
@@ -221,6 +222,11 @@ class ProcessPool(WorkerPool):
         for at in range(0, len(seqs), size):
             self._backlog.append((list(seqs[at:at + size]), list(payloads[at:at + size])))
         self._dispatch()
+
+    def _stale(self, seq: Any) -> bool:
+        """Whether ``seq`` belongs to an iteration before the one being read."""
+        return isinstance(seq, tuple) and self._generation is not None \
+            and seq[0] < self._generation
 
     def _fits(self, w: _Proc, seq: Any) -> bool:
         return len(w.taken) + (len(seq) if isinstance(seq, list) else 1) <= self._limit
@@ -273,7 +279,7 @@ class ProcessPool(WorkerPool):
 
     def _restart(self, w: _Proc) -> None:
         code, pid = w.process.exitcode, w.process.pid
-        lost = list(w.taken.items())
+        lost = [(seq, p) for seq, p in w.taken.items() if not self._stale(seq)]
         if self._setup.targeted:  # its iterator and position died with it
             raise WorkerError(f"DataLoader worker process {w.index} (pid {pid}) {_death(code)}; "
                               "its IterableDataset iterator died with it, so the epoch cannot "
@@ -304,7 +310,11 @@ class ProcessPool(WorkerPool):
         runs each: 3.85 against 3.5 M rows/s)."""
         self._dispatch()
         current = seqs[0]
+        self._generation = current[0] if isinstance(current, tuple) else None
         owner = [w for w in self._workers if current in w.taken] if len(seqs) == 1 else []
+        if owner:  # and the results of an abandoned iteration, which hold ring slots
+            owner += [w for w in self._workers if w is not owner[0]
+                      and any(self._stale(seq) for seq in w.taken)]
         by_conn = {w.results: w for w in owner or self._workers}
         for conn in mp_connection.wait(list(by_conn), timeout=_POLL):
             self._receive(by_conn[conn], current, deadline)  # type: ignore[index]
@@ -333,12 +343,13 @@ class ProcessPool(WorkerPool):
         return seq, out
 
     def discard_pending(self) -> None:
+        # the workers' tasks in flight stay in their ``taken`` until their results are read
+        # (and dropped as stale): each holds a slot of the worker's ring until then, and a
+        # worker handed new tasks meanwhile overwrote unread slots (RingError)
         self._backlog.clear()
         self._targets.clear()
         self._results.clear()
         self._tries.clear()
-        for w in self._workers:  # still running: their late results are dropped as stale
-            w.taken.clear()
 
     def close(self) -> None:
         if self._closed:

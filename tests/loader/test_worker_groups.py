@@ -192,3 +192,26 @@ def test_staged_rounds_are_read_in_groups_byte_for_byte(dataset: Path, workers: 
     assert dl._source.batches_grouped > 0
     dl.close()
     assert got == want
+
+
+def test_persistent_process_workers_survive_abandoned_iterations(dataset: Path) -> None:
+    """Breaking out of an epoch leaves the workers' grouped tasks in flight, each holding a
+    slot of its worker's ring until its stale result is read: the next iteration (which
+    continues the epoch) must neither overwrite those slots (it raised RingError) nor lose
+    or repeat a batch."""
+    ref = _loader(dataset, shuffle=True)
+    want = _epochs(ref, 3)
+    ref.close()
+    dl = _loader(dataset, shuffle=True, num_workers=2, workers=WorkerOptions(mode="process"),
+                 persistent_workers=True)
+    got = []
+    for epoch, stop in enumerate((3, 1, 17)):
+        dl.set_epoch(epoch)
+        for i, b in enumerate(dl):
+            got.append(_raw(b))
+            if i == stop:
+                break
+        got += [_raw(b) for b in dl]  # the rest of the same epoch
+    assert dl._pool.grouped > 0
+    dl.close()
+    assert got == want
