@@ -280,7 +280,8 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         """Before worker processes fork: the source opens the shards of their first tasks
         here, and they inherit them (ArrowSource.open_for_workers)."""
         open_for = getattr(self._source, "open_for_workers", None)
-        if open_for is None or self.worker_mode != "process" or not self.num_workers:
+        if open_for is None or self.worker_mode != "process" or not self.num_workers or \
+                self._service is not None:  # servers read the batches, not this process
             return
         first = steps[:self.num_workers * self._prefetch * self._group()]
         if len(first):
