@@ -383,17 +383,16 @@ class ArrowSource:
             return None
         sizes = [len(b) for b in batches]
         ids = np.concatenate([np.asarray(b, dtype=np.int64) for b in batches])
-        if stager is not None:
-            first, last = stager.order(epoch, seed).block_of(ids[[0, -1]]).tolist()
-            if last - first > 1:  # more rounds than one batch may hold: read batch by batch
-                return None
         slot = self._ring.acquire()
         try:
-            try:
-                filled, positions = self._gather_opening(ids, slot) if stager is None \
-                    else stager.gather(ids, slot, epoch, seed)
+            try:  # at most the two rounds a batch across a round's end holds
+                got = self._gather_opening(ids, slot) if stager is None \
+                    else stager.gather(ids, slot, epoch, seed, most=2)
             except NotZeroCopy:  # the batches' own fetch notes it as a fallback
                 return None
+            if got is None:
+                return None
+            filled, positions = got
             if len(positions) or any(o.name not in filled for o in plan.outputs):
                 # records still being built, or a field the stager leaves out
                 self._group_skip = (0 if table is None else len(table), _GROUP_SKIP)

@@ -297,16 +297,19 @@ class Stager:
                 self._ensure(order, key, keep, wait=False)  # an error is kept in the round
 
     # -- batches ------------------------------------------------------------------------------
-    def gather(self, ids: np.ndarray, slot: Slot, epoch: int,
-               seed: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def gather(self, ids: np.ndarray, slot: Slot, epoch: int, seed: int,
+               most: int | None = None) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
         """Write the staged fields of batch ``ids`` into ``slot``: ``(outputs, missing)``,
         ``missing`` the batch rows not served (fields whose list width differs in some shard
-        are left out of ``outputs`` altogether)."""
+        are left out of ``outputs`` altogether); ``None`` when ``ids`` span more than
+        ``most`` rounds (a group of batches: read it batch by batch)."""
         self._check_process()
         order = self.order(epoch, seed)
         # ids come in position order and a batch's positions are consecutive: its blocks are
         # those from its first id's to its last id's
         first, last = order.block_of(ids[[0, -1]]).tolist()
+        if most is not None and last - first >= most:
+            return None
         keys = [(epoch, seed, b) for b in range(first, last + 1)]
         rounds = self._hold(order, keys)
         try:

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from kernels_ready import kernels_ready
 
 from stoker.loader import DataLoader, ReadOptions, WorkerError, WorkerOptions
 from stoker.loader.read.arrow import ArrowSource
@@ -50,7 +49,6 @@ def test_grouped_batches_equal_one_at_a_time(dataset: Path, shuffle: bool, worke
     dl = _loader(dataset, shuffle=shuffle, num_workers=workers,
                  workers=WorkerOptions(mode=mode), persistent_workers=mode == "process")
     assert dl._group() == 8  # 8192 rows per group, batches of 16: at most 8
-    kernels_ready(dl._source)
     got = _epochs(dl, 3)
     if mode == "thread":
         assert dl._source.batches_grouped > 0
@@ -75,7 +73,6 @@ def test_grouped_batches_keep_their_content_digests(dataset: Path, tmp_path: Pat
         path = tmp_path / f"ledger-{workers}"
         dl = _loader(dataset, shuffle=True, num_workers=workers,
                      ledger=LedgerOptions(path=str(path), content=True))
-        kernels_ready(dl._source)
         for _ in dl:
             pass
         grouped = dl._source.batches_grouped
@@ -191,7 +188,6 @@ def test_staged_rounds_are_read_in_groups_byte_for_byte(dataset: Path, workers: 
     ref.close()
     dl = _loader(dataset, shuffle=True, read=staged, num_workers=workers)
     assert dl._source._stager is not None and dl._group() == 8
-    kernels_ready(dl._source)
     got = _epochs(dl, 3)
     assert dl._source.batches_grouped > 0
     dl.close()

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from kernels_ready import kernels_ready
 from mixture_helpers import expected, make_source, pairs
 from stoker.loader import DataLoader, ShuffleOptions, WorkerOptions
 from stoker.loader.order.mixture import Mixture
@@ -261,7 +260,6 @@ def test_workers_read_groups_of_a_mixture_byte_for_byte(sources, mode: str) -> N
     dl = DataLoader(mix, num_workers=2, workers=WorkerOptions(mode=mode),
                     persistent_workers=mode == "process", **kw)
     assert dl._source.union and dl._group() > 1
-    kernels_ready(dl._source.readers[0])
     got = _epochs(dl, 2)
     if mode == "thread":
         assert dl._source.readers[0].batches_grouped > 0
