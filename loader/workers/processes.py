@@ -311,11 +311,11 @@ class ProcessPool(WorkerPool):
         self._dispatch()
         current = seqs[0]
         self._generation = current[0] if isinstance(current, tuple) else None
-        owner = [w for w in self._workers if current in w.taken] if len(seqs) == 1 else []
-        if owner:  # and the results of an abandoned iteration, which hold ring slots
-            owner += [w for w in self._workers if w is not owner[0]
-                      and any(self._stale(seq) for seq in w.taken)]
-        by_conn = {w.results: w for w in owner or self._workers}
+        read = [w for w in self._workers if current in w.taken] if len(seqs) == 1 else []
+        if read:  # and the results of an abandoned iteration, which hold ring slots
+            read += [w for w in self._workers if w is not read[0]
+                     and any(self._stale(seq) for seq in w.taken)]
+        by_conn = {w.results: w for w in read or self._workers}
         for conn in mp_connection.wait(list(by_conn), timeout=_POLL):
             self._receive(by_conn[conn], current, deadline)  # type: ignore[index]
         for w in list(self._workers):

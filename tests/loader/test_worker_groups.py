@@ -76,11 +76,12 @@ def test_grouped_batches_keep_their_content_digests(dataset: Path, tmp_path: Pat
         for _ in dl:
             pass
         grouped = dl._source.batches_grouped
+        why = (grouped, dl._group(), dict(dl.stats.fallbacks))  # shown if groups were not used
         dl.close()
         content = read_ledger(str(path)).segments[0].content
         assert content is not None and content.shape == (39, 3)
         digests.append(content)
-        assert (grouped > 0) == (workers > 0)
+        assert (grouped > 0) == (workers > 0), why
     assert np.array_equal(digests[0], digests[1])
     digests[1][7, 1] ^= 1
     assert not np.array_equal(digests[0], digests[1])  # the comparison can fail
