@@ -6,8 +6,11 @@ Run (the command behind bench/RESULTS.md, "Worker hand-over"):
 
 A forked process sends the same batch over and over, at most
 :data:`~stoker.loader.workers.transport.IN_FLIGHT` unread at a time (as the process pool
-hands out work), once as stoker's pipe message (``dumps``, tensors as bytes) and once through
-a :class:`~stoker.loader.workers.transport.Ring`; the consumer rebuilds every batch. Reported:
+hands out work), as stoker's pipe message (``dumps``, tensors as bytes), through a
+:class:`~stoker.loader.workers.transport.Ring` whose slots the consumer copies out of, and
+through one that lends them (the loader's: the batch's tensors view the slot until the
+consumer drops them, as a training loop does by its next step); the consumer rebuilds every
+batch. Reported:
 batches/s and the consumer's CPU per batch, medians over alternating repeats, for a W1 batch
 (1024 rows: features [1024, 64] f32, categoricals [1024, 8] i64, seq [1024, 16] f32, label) and
 a W2 batch (256 images 64x64x3 uint8, label).
@@ -27,7 +30,7 @@ import torch
 import torch.multiprocessing  # noqa: F401 - torch's reductions, as in the loader's workers
 from multiprocessing.reduction import ForkingPickler
 
-from stoker.loader.workers.transport import IN_FLIGHT, Ring, dumps
+from stoker.loader.workers.transport import IN_FLIGHT, LEASES, Ring, dumps
 
 
 def w1() -> dict[str, torch.Tensor]:
@@ -50,11 +53,14 @@ def _send(conn: Any, ring: Ring | None, credit: Any, done: Any, make: Callable[[
     done.wait()  # torch's shared tensors are fetched from this process: stay until read
 
 
-def run(make: Callable[[], Any], n: int, use_ring: bool) -> tuple[float, float]:
+MODES = ("pipe", "ring, copied", "ring, lent")
+
+
+def run(make: Callable[[], Any], n: int, mode: str) -> tuple[float, float]:
     """(batches/s, consumer CPU us per batch) for one sender process."""
     ctx = mp.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
-    ring = Ring() if use_ring else None
+    ring = None if mode == "pipe" else Ring(leases=LEASES if mode == "ring, lent" else 0)
     credit, done = ctx.Semaphore(IN_FLIGHT), ctx.Event()
     sender = ctx.Process(target=_send, args=(send, ring, credit, done, make, n))
     sender.start()
@@ -80,18 +86,18 @@ def main() -> None:
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"load average {os.getloadavg()[0]:.1f}; medians of {args.repeats} alternating runs "
           f"of {args.batches} batches")
-    print("| batch | pipe batches/s | ring batches/s | ratio | pipe consumer CPU | "
-          "ring consumer CPU |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| batch | hand-over | batches/s | ratio to pipe | consumer CPU per batch |")
+    print("|---|---|---:|---:|---:|")
     for name, make in (("W1 (400 KB)", w1), ("W2 (3.1 MB)", w2)):
-        got: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+        got: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
         for _ in range(args.repeats):
-            for use_ring in (False, True):
-                got[use_ring].append(run(make, args.batches, use_ring))
+            for mode in MODES:
+                got[mode].append(run(make, args.batches, mode))
         rate = {k: statistics.median(r for r, _ in v) for k, v in got.items()}
         cpu = {k: statistics.median(c for _, c in v) for k, v in got.items()}
-        print(f"| {name} | {rate[False]:,.0f} | {rate[True]:,.0f} | "
-              f"{rate[True] / rate[False]:.1f}x | {cpu[False]:.0f} us | {cpu[True]:.0f} us |")
+        for mode in MODES:
+            print(f"| {name} | {mode} | {rate[mode]:,.0f} | {rate[mode] / rate['pipe']:.1f}x | "
+                  f"{cpu[mode]:.0f} us |")
     print(f"# load average at the end {os.getloadavg()[0]:.1f}")
 
 

@@ -31,7 +31,7 @@ from stoker.loader.jit import fork_gate
 from stoker.loader.jit.kernel import materialize
 from stoker.loader.workers.failure import WorkerFailure
 from stoker.loader.workers.info import WorkerContext
-from stoker.loader.workers.transport import IN_FLIGHT, Ring, dumps
+from stoker.loader.workers.transport import IN_FLIGHT, LEASES, Ring, dumps
 from stoker.loader.workers.pool import (INIT, Task, WorkerPool, WorkerSetup, batch_name,
                                         drop_stale, first_ready, late, run_group, run_init,
                                         run_task)
@@ -103,10 +103,10 @@ class _Proc:
         task_r, self.tasks = ctx.Pipe(duplex=False)
         self.results, result_w = ctx.Pipe(duplex=False)
         fork = ctx.get_start_method() == "fork"
-        # made before the fork (the child shares them); a slot more than the batches it holds.
-        # Tasks too: a group's ids (up to 64 KB) written into a pipe filled it, and the
+        # made before the fork (the child shares them); a slot more than the batches it holds,
+        # and the slots lent to batches the caller holds. Tasks too: a group's ids (up to 64 KB) written into a pipe filled it, and the
         # consumer's send blocked until the busy worker read them.
-        self.ring = Ring(slots=limit + 1) if fork else None
+        self.ring = Ring(slots=limit + 1, leases=LEASES) if fork else None
         self.task_ring = Ring(slots=limit + 1, slot_bytes=_TASK_SLOT) if fork else None
         self.index = index
         self.taken: dict[Any, Any] = {}  # seq -> payload sent to this worker, not yet answered

@@ -19,18 +19,27 @@ copies the result again, ~1 ms per 400 KB batch on this machine, and the consume
 of its time there (profiled: 2.6 of 3.2 s in ``Connection._recv``). So a forked worker writes
 its batch into a :class:`Ring` of shared-memory slots made before the fork (pickle protocol 5:
 the tensors' bytes go out of band, each copied once into the slot) and sends only a slot
-reference; the consumer copies each buffer once out of the slot into a fresh array the new
-tensor owns. A slot is written again only after the consumer read it (the worker holds at
-most the pool's limit of batches, :data:`IN_FLIGHT` tasks, and the ring has one slot more);
-a stamp written before the payload and checked after the copy would catch a slot overwritten
-early. The consumer hands tasks over the same way, through a second ring per worker: a group
-of 8 batches' ids (64 KB) filled the pipe, and the consumer's send waited for the worker.
+reference. Each slot has a state byte in the same mapping (free, written, lent): a worker
+writes only a free slot, and the consumer frees it once read.
+
+The consumer *lends* a results slot instead of copying out of it, as torch's DataLoader hands
+out tensors in shared memory: the batch's tensors view the slot, and the slot is free again
+when the last of them is collected (a training loop drops each batch by the next step). A
+copy out of the slot cost ~65 us of the consumer's CPU per W1 batch, most of it page faults
+of the fresh arrays. A ring lends at most ``leases`` slots at once; a caller that keeps more
+batches (``list(loader)``) gets copies from then on (the ``batch_copied`` fallback), so a
+worker always finds a free slot and no batch a caller holds is ever written again.
+The consumer hands tasks over the same way, through a second ring per worker (copied out, not
+lent): a group of 8 batches' ids (64 KB) filled the pipe, and the consumer's send waited for
+the worker.
 """
 
 from __future__ import annotations
 
+import ctypes
 import io
 import mmap
+import os
 import pickle
 import struct
 from typing import Any
@@ -40,15 +49,18 @@ import torch
 from multiprocessing.reduction import ForkingPickler
 
 from stoker.loader.errors import LoaderError
+from stoker.loader.fallbacks import note
 
-__all__ = ["BY_BYTES_MAX", "IN_FLIGHT", "Ring", "RingError", "dumps"]
+__all__ = ["BY_BYTES_MAX", "IN_FLIGHT", "LEASES", "Ring", "RingError", "dumps"]
 
 BY_BYTES_MAX = 1 << 20  # bytes; above it, sharing the storage beats copying it twice
 IN_FLIGHT = 2  # tasks handed to one worker process at a time (the pool's limit)
 SLOT_BYTES = 8 << 20  # one slot of a ring: a W2 batch (256 x 64 x 64 x 3 pixels) fits
+LEASES = 8  # results slots a ring lends at once (batches a caller holds without a copy)
 _ALIGN = 64
 _REF = b"R"  # a slot reference (a pickle starts with its PROTO opcode, 0x80)
 _HEAD = struct.Struct("<QQ")  # slot header: stamp, number of buffers
+_FREE, _WRITTEN, _LENT = 0, 1, 2  # a slot's state byte
 
 
 class RingError(LoaderError):
@@ -98,17 +110,27 @@ class Ring:
     Made by the consumer before the fork (an anonymous shared mapping, inherited by the
     child); the worker calls :meth:`put`, the consumer :meth:`loads` on what arrived through
     the pipe. Not for ``spawn``/``forkserver`` workers (they do not inherit the mapping).
+
+    Args:
+        slots: slots a writer may hold unread at once, plus one.
+        slot_bytes: bytes of one slot (a larger object goes through the pipe).
+        leases: further slots the reader may lend (see the module docstring); 0 copies out.
     """
 
-    def __init__(self, slots: int = IN_FLIGHT + 1, slot_bytes: int = SLOT_BYTES) -> None:
-        self.slots, self.slot_bytes = slots, slot_bytes
-        self._map = mmap.mmap(-1, slots * slot_bytes)  # MAP_SHARED | MAP_ANONYMOUS
+    def __init__(self, slots: int = IN_FLIGHT + 1, slot_bytes: int = SLOT_BYTES,
+                 leases: int = 0) -> None:
+        self.slots, self.slot_bytes, self.leases = slots + leases, slot_bytes, leases
+        data = self.slots * slot_bytes
+        self._map = mmap.mmap(-1, data + self.slots)  # MAP_SHARED | MAP_ANONYMOUS
         self._view = np.frombuffer(self._map, dtype=np.uint8)
+        self._state = self._view[data:]
         self._stamp = 0  # the worker's count of batches put
+        self._lent = _lent_type(slot_bytes)
 
     def put(self, obj: Any) -> bytes:
         """What the worker sends through the pipe for ``obj``: a slot reference after writing
-        ``obj`` into the next slot, or the whole pickle when it does not fit a slot."""
+        ``obj`` into the lowest free slot (its pages are the likeliest to be warm), or the
+        whole pickle when it does not fit a slot."""
         buffers: list[pickle.PickleBuffer] = []
         buf = io.BytesIO()
         _RingPickler(buf, buffers.append, self.slot_bytes).dump(obj)
@@ -117,40 +139,79 @@ class Ring:
         offsets = np.cumsum([_HEAD.size] + [-(-n // _ALIGN) * _ALIGN for n in sizes])
         if offsets[-1] > self.slot_bytes:
             return dumps(obj)
+        free = np.flatnonzero(self._state == _FREE)
+        if not len(free):  # cannot happen while the reader keeps to its limits
+            note("ring_full", f"all {self.slots} slots of a worker's ring were in use")
+            return dumps(obj)
+        slot = int(free[0])
         self._stamp += 1
-        slot = self._stamp % self.slots
+        self._state[slot] = _WRITTEN
         base = slot * self.slot_bytes
         view = self._view
         view[base:base + _HEAD.size] = np.frombuffer(_HEAD.pack(self._stamp, len(parts)),
                                                      dtype=np.uint8)
         for part, at, n in zip(parts, offsets[:-1].tolist(), sizes):
             view[base + at:base + at + n] = np.frombuffer(part, dtype=np.uint8)
-        return _REF + struct.pack(f"<QQ{len(sizes)}Q", self._stamp, len(sizes), *sizes)
+        return _REF + struct.pack(f"<QQQ{len(sizes)}Q", self._stamp, slot, len(sizes), *sizes)
 
     def loads(self, raw: bytes) -> Any:
-        """The object behind ``raw`` (a slot reference or a whole pickle); each buffer is
-        copied out of the slot, so the slot can be written again at once."""
+        """The object behind ``raw`` (a slot reference or a whole pickle). Its buffers view
+        the slot, lent until the last of them is collected, while fewer than ``leases`` slots
+        are lent; otherwise each is copied out and the slot is free again at once."""
         if raw[:1] != _REF:
             return ForkingPickler.loads(raw)
-        stamp, count = struct.unpack_from("<QQ", raw, 1)
-        sizes = struct.unpack_from(f"<{count}Q", raw, 17)
-        base = (stamp % self.slots) * self.slot_bytes
-        view = self._view
+        stamp, slot, count = struct.unpack_from("<QQQ", raw, 1)
+        sizes = struct.unpack_from(f"<{count}Q", raw, 25)
+        base = slot * self.slot_bytes
+        if self._state[slot] != _WRITTEN or _HEAD.unpack_from(self._map, base) != (stamp, count):
+            raise RingError(f"ring slot {slot} holds another batch than the one announced "
+                            f"({stamp}): it was overwritten before it was read")
+        lend = self.leases and np.count_nonzero(self._state == _LENT) < self.leases
+        if lend:
+            self._state[slot] = _LENT
+            view = np.frombuffer(self._lent.lend(self._map, base, self._state, slot),
+                                 dtype=np.uint8)
+            base = 0
+        else:
+            view = self._view
+            if self.leases:
+                note("batch_copied", f"{self.leases} batches of one worker were held at once")
         at = _HEAD.size
         parts = []
         for n in sizes:
-            parts.append(view[base + at:base + at + n].copy())
+            part = view[base + at:base + at + n]
+            parts.append(part if lend else part.copy())
             at += -(-n // _ALIGN) * _ALIGN
-        if _HEAD.unpack_from(self._map, base) != (stamp, count):
-            raise RingError(f"ring slot {stamp % self.slots} holds another batch than the one "
-                            f"announced ({stamp}): it was overwritten before it was read")
+        if not lend:
+            self._state[slot] = _FREE
         return ForkingPickler.loads(parts[0].tobytes(), buffers=parts[1:])
 
     def close(self) -> None:
         """Unmap the slots (the consumer, when the worker is gone), or, while something still
         views them (a frame kept by an exception's traceback), when that view is collected."""
-        self._view = None
+        self._view = self._state = None
         try:
             self._map.close()
         except BufferError:  # exported: the mapping goes with its last view, nothing is lost
             return
+
+
+def _lent_type(slot_bytes: int) -> type:
+    """A ctypes view of one slot whose collection frees the slot: the first object below a
+    lent batch's arrays that is not an array (NumPy's base chain ends there), so it lives
+    exactly as long as any of them."""
+
+    class Lent(ctypes.c_char * slot_bytes):  # type: ignore[misc, valid-type]
+        __slots__ = ("_owner", "_slot", "_state")
+
+        @classmethod
+        def lend(cls, mapping: mmap.mmap, base: int, state: np.ndarray, slot: int) -> "Lent":
+            lent = cls.from_buffer(mapping, base)
+            lent._owner, lent._slot, lent._state = os.getpid(), slot, state
+            return lent
+
+        def __del__(self) -> None:
+            if os.getpid() == self._owner:  # not a forked child's copy of the reference
+                self._state[self._slot] = _FREE
+
+    return Lent

@@ -1,7 +1,8 @@
 """A worker process's batch crosses as tensor bytes (stoker.loader.workers.transport), through
 the pipe or a shared-memory ring: the consumer gets the same dtypes, shapes and bytes in new
-tensors of its own, what cannot go as bytes keeps torch's own reduction, and a ring slot
-overwritten before it was read is an error, never a wrong batch."""
+tensors (copies, or views of a ring slot lent until they are collected), what cannot go as
+bytes keeps torch's own reduction, no slot a caller holds is written again, and a slot that
+holds another batch than announced is an error, never a wrong batch."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from multiprocessing.reduction import ForkingPickler
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch.multiprocessing  # noqa: F401 - registers torch's reductions on ForkingPickler
 
+from stoker.loader.fallbacks import collecting
 from stoker.loader.workers.transport import BY_BYTES_MAX, SLOT_BYTES, Ring, RingError, dumps
 
 
@@ -113,9 +117,79 @@ def test_what_does_not_fit_a_slot_goes_through_the_pipe(ring: Ring) -> None:
     assert SLOT_BYTES >= 256 * 64 * 64 * 3  # the default slot holds a W2 batch of pixels
 
 
-def test_a_slot_overwritten_before_it_was_read_is_an_error(ring: Ring) -> None:
+def test_a_full_ring_sends_through_the_pipe_and_overwrites_nothing(ring: Ring) -> None:
+    with collecting() as noted:
+        first = ring.put({"x": torch.zeros(8)})
+        for value in range(3):  # three slots: the fourth batch finds none free
+            raw = ring.put({"x": torch.full((8,), float(value))})
+    assert raw[:1] != b"R" and noted["ring_full"][0] == 1
+    assert torch.equal(ring.loads(first)["x"], torch.zeros(8))
+    assert torch.equal(ring.loads(raw)["x"], torch.full((8,), 2.0))
+
+
+def test_a_slot_that_holds_another_batch_than_announced_is_an_error(ring: Ring) -> None:
     first = ring.put({"x": torch.zeros(8)})
-    for value in range(3):  # three more puts: the first slot holds the fourth batch now
-        ring.put({"x": torch.full((8,), float(value))})
+    ring._view[:8] = 0xFF  # the slot header's stamp, as if written again
     with pytest.raises(RingError, match="overwritten before it was read"):
         ring.loads(first)
+
+
+def test_a_lent_batch_views_its_slot_until_the_last_tensor_goes() -> None:
+    ring = Ring(slots=2, slot_bytes=1 << 20, leases=2)
+    held = ring.loads(ring.put(BATCH))
+    _check_batch(held)
+    state = ring._state
+    assert state.tolist() == [2, 0, 0, 0]  # lent
+    feature = held["features"]
+    del held  # one tensor still views the slot
+    assert state.tolist() == [2, 0, 0, 0]
+    feature[0, 0] = 4.0  # writable, like torch's shared batches
+    assert BATCH["features"][0, 0] == 1.5
+    del feature
+    assert state.tolist() == [0, 0, 0, 0]
+    ring.close()
+
+
+def test_batches_held_past_the_leases_are_copies_and_nothing_held_is_written_again() -> None:
+    ring = Ring(slots=2, slot_bytes=1 << 20, leases=2)
+    with collecting() as noted:
+        held = [ring.loads(ring.put({"x": torch.full((1000,), float(i))})) for i in range(40)]
+    assert ring._state.tolist() == [2, 2, 0, 0]  # two lent, the rest copied out
+    assert noted["batch_copied"][0] == 38
+    for i, batch in enumerate(held):
+        assert torch.equal(batch["x"], torch.full((1000,), float(i))), i
+    del held
+    assert ring._state.tolist() == [0, 0, 0, 0]
+    ring.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.booleans()), min_size=1, max_size=60))
+def test_no_batch_a_reader_holds_changes_whatever_it_keeps(steps: list[tuple[int, bool]]
+                                                           ) -> None:
+    """A writer that keeps at most ``slots - 1`` batches unread and a reader that keeps and
+    drops batches at random: every batch read equals what was put, for as long as it is
+    held, and the writer never runs out of slots."""
+    ring = Ring(slots=3, slot_bytes=1 << 16, leases=2)
+    unread: list[tuple[int, bytes]] = []
+    held: dict[int, dict] = {}
+    n = 0
+    for puts, keep in steps:
+        for _ in range(min(puts, 2 - len(unread))):
+            n += 1
+            raw = ring.put({"x": torch.full((64,), float(n))})
+            assert raw[:1] == b"R"  # never the pipe: a slot was always free
+            unread.append((n, raw))
+        if unread:
+            i, raw = unread.pop(0)
+            batch = ring.loads(raw)
+            if keep:
+                held[i] = batch
+            elif held:
+                held.pop(min(held))
+        for i, batch in held.items():
+            assert torch.equal(batch["x"], torch.full((64,), float(i))), (i, n)
+    held.clear()
+    batch = None  # the last one read
+    assert ring._state.tolist().count(2) == 0  # every slot free once nothing is held
+    ring.close()

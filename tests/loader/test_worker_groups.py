@@ -216,3 +216,28 @@ def test_persistent_process_workers_survive_abandoned_iterations(dataset: Path) 
     assert dl._pool.grouped > 0
     dl.close()
     assert got == want
+
+
+def test_process_workers_lend_batches_and_copy_those_held_past_their_leases(
+        dataset: Path) -> None:
+    """Process workers' batches view their shared-memory slots: a loop that drops each batch
+    copies none, and a caller that keeps every batch (``list(loader)``) keeps them intact
+    while the workers go on writing; past each ring's leases the batches are copies
+    (counted)."""
+    ref = _loader(dataset, shuffle=True)
+    want = _epochs(ref, 2)
+    ref.close()
+    dl = _loader(dataset, shuffle=True, num_workers=2, workers=WorkerOptions(mode="process"),
+                 persistent_workers=True)
+    dl.set_epoch(0)
+    got = [_raw(b) for b in dl]
+    assert "batch_copied" not in dl.stats.fallbacks
+    dl.set_epoch(1)
+    held = list(dl)
+    for batch in held[:3]:  # the caller's to write: no other batch changes
+        batch["x"].fill_(0)
+    got += [_raw(b) for b in held[3:]]
+    copied = dl.stats.fallbacks["batch_copied"]
+    dl.close()
+    assert 0 < copied <= len(held) - 2  # each ring lent slots before it copied
+    assert got == want[:len(want) - len(held)] + want[len(want) - len(held) + 3:]
