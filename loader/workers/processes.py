@@ -190,6 +190,7 @@ class ProcessPool(WorkerPool):
         self.restarts = 0
         self.grouped = 0  # batches handed out in groups
         self._generation: int | None = None  # of the iteration being read (seq[0])
+        self._checked = 0.0  # when the workers' exit codes were last read
         self._timeout: float | None = None
         self._closed = False
         self._limit = IN_FLIGHT * max(1, setup.group)  # batches handed to one worker at once
@@ -318,6 +319,12 @@ class ProcessPool(WorkerPool):
         by_conn = {w.results: w for w in read or self._workers}
         for conn in mp_connection.wait(list(by_conn), timeout=_POLL):
             self._receive(by_conn[conn], current, deadline)  # type: ignore[index]
+        # a dead worker's pipe reads EOF once what it sent is read, so waiting for its batch
+        # finds it; the exit codes (a waitpid each) are for the others, every _POLL seconds
+        now = time.monotonic()
+        if now - self._checked < _POLL:
+            return
+        self._checked = now
         for w in list(self._workers):
             if w.process.exitcode is not None and self._workers[w.index] is w:
                 while w.results.poll(0):  # what it sent before dying is still good
