@@ -116,15 +116,20 @@ def _make_images(root: Path, n: int) -> None:
 
 
 # -- cases (each runs in its own process) ------------------------------------------------------
-def _stoker_w1(d: Path, workers: int, row_major: bool | str = "auto", mode: str | None = None,
-               shuffle: bool = True) -> Iterator[Any]:
+def _stoker_w1_loader(d: Path, workers: int, row_major: bool | str = "auto",
+                      mode: str | None = None, shuffle: bool = True) -> Any:
     from stoker.loader import DataLoader, ReadOptions, WorkerOptions
 
-    return iter(DataLoader(d / "stoker", batch_size=W1_BATCH, shuffle=shuffle, seed=0,
-                           num_workers=workers, columns=["seq", "label"],
-                           read=ReadOptions(features=FEATURES, categoricals=CATS,
-                                            row_major=row_major),
-                           workers=WorkerOptions(mode=mode)))
+    return DataLoader(d / "stoker", batch_size=W1_BATCH, shuffle=shuffle, seed=0,
+                      num_workers=workers, columns=["seq", "label"],
+                      read=ReadOptions(features=FEATURES, categoricals=CATS,
+                                       row_major=row_major),
+                      workers=WorkerOptions(mode=mode))
+
+
+def _stoker_w1(d: Path, workers: int, row_major: bool | str = "auto", mode: str | None = None,
+               shuffle: bool = True) -> Iterator[Any]:
+    return iter(_stoker_w1_loader(d, workers, row_major, mode, shuffle))
 
 
 def _stoker_w1_warm(d: Path, workers: int, row_major: bool | str = "auto") -> tuple[Iterator[Any], float]:

@@ -9,7 +9,7 @@ reports medians:
 - W1 (64 f32 features, 8 int64 categoricals, list<f32>[16], label; batch 1024): stoker with
   ``num_workers`` 0/1/2 x ``WorkerOptions(mode=thread|process)`` x shuffle on/off, *first run*
   (an empty records directory: the node has never read the data) and *later run* (the records
-  a first run left on disk); the ceiling is Parquet -> NumPy of every column, one core, no
+  of every shard on disk: an untimed run waits until they are built and saved); the ceiling is Parquet -> NumPy of every column, one core, no
   shuffle (bench/loader_bench.py's ``_ceiling_w1``).
 - W2 (64x64 JPEGs, batch 256): stoker with ``num_workers`` 0/1/2, threads and processes,
   shuffle on; decode ceilings of one core with Pillow and with simplejpeg.
@@ -95,6 +95,8 @@ def run_case(name: str, data: Path) -> dict[str, float]:
     workload, run, shuffle, mode, workers = name.split("/")
     d = data / workload
     t0 = time.perf_counter()
+    if run == "records":
+        return _records(d, shuffle == "shuffle on")
     if run == "ceiling":
         it = lb._ceiling_w1(d) if workload == "w1" else _decode_ceiling(d, shuffle)
     elif workload == "w1":
@@ -106,6 +108,21 @@ def run_case(name: str, data: Path) -> dict[str, float]:
         n += len(b["label"])
     seconds = time.perf_counter() - t0
     return {"samples": n, "seconds": seconds, "samples_per_s": n / seconds}
+
+
+def _records(d: Path, shuffle: bool) -> dict[str, float]:
+    """Untimed: an epoch, then wait until every shard's records are built and saved. A
+    process that exits first leaves the records it had not finished unsaved (on this machine's
+    slower days a 1-2 s first run saved one of five), and "later" runs would then read those
+    shards from their columns."""
+    loader = lb._stoker_w1_loader(d, 0, shuffle=shuffle)
+    for _ in loader:
+        pass
+    source = loader._source
+    source.wait_row_major()
+    built = int(source.row_major_bytes)
+    loader.close()
+    return {"samples": 0, "seconds": 0.0, "samples_per_s": 0.0, "records_bytes": built}
 
 
 def _spawn(name: str, data: Path, records: Path) -> dict[str, float]:
@@ -170,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     (data / "w2").symlink_to(args.workdir / f"w2-{args.images or 1}")
     records = Path(tempfile.mkdtemp(prefix="stoker-workers-records-"))
     names = cases(bool(args.images))
-    _spawn("w1/first/shuffle on/thread/0", data, records)  # untimed: records on disk
+    _spawn("w1/records/shuffle on/thread/0", data, records)  # untimed: records on disk
     if args.images:
         _spawn("w2/later/shuffle on/thread/0", data, records)
     runs: dict[str, list[float]] = {n: [] for n in names}

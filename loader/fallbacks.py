@@ -35,7 +35,8 @@ REASONS = {
                         "rebuilt from the shard (a worker that does not build reads the "
                         "shard's columns instead); no record of that file was served",
     "records_not_saved": "a shard's row-major records did not fit under the node cache's byte "
-                         "limit beside its shards (shards stay; record files go first): they "
+                         "limit beside its shards (shards stay; record files go first), or "
+                         "writing them would have left the disk less than 10 % free: they "
                          "were not saved, so they stay in the memory of the process that "
                          "built them, and other processes build them again or read the "
                          "shard's columns",

@@ -89,14 +89,22 @@ class RecordStore:
         self.budget = budget
         self._files = DerivedFiles(root)
 
-    def _room_on_disk(self, nbytes: int) -> bool:
+    def _room_on_disk(self, name: str, nbytes: int) -> bool:
         """Whether writing ``nbytes`` leaves ``min_free`` of the filesystem free: records are
-        an optimisation and must never take the space a cache or a checkpoint needs."""
+        an optimisation and must never take the space a cache or a checkpoint needs. A refusal
+        is the counted ``"records_not_saved"`` fallback (every later process would otherwise
+        build the records again without a word)."""
         try:
             st = os.statvfs(self.root)
         except (OSError, AttributeError):
             return True
-        return st.f_bavail * st.f_frsize - nbytes >= self.min_free * st.f_blocks * st.f_frsize
+        free = st.f_bavail * st.f_frsize
+        if free - nbytes >= self.min_free * st.f_blocks * st.f_frsize:
+            return True
+        note("records_not_saved", f"{name} ({nbytes} bytes) in {self.root}: the disk would "
+                                  f"keep less than {self.min_free:.0%} free ({free} bytes free "
+                                  f"of {st.f_blocks * st.f_frsize})")
+        return False
 
     @staticmethod
     def name(shard_hash: str, rows: int, layout_key: str) -> str:
@@ -190,7 +198,7 @@ class RecordStore:
         the temp files killed writers left behind (:mod:`stoker.cache.store.derived`); and
         ``min_free`` of the disk left free either way."""
         if self.budget is not None:
-            if not self._room_on_disk(nbytes):
+            if not self._room_on_disk(name, nbytes):
                 return None
             tmp = self.budget.reserve(name, nbytes)
             if tmp is None:
@@ -201,6 +209,6 @@ class RecordStore:
         records, writing = self._files.scan()
         used = sum(size for _, size, _ in records + writing)
         self._files.evict(used, nbytes, self.limit, records, keep=name)
-        if not self._room_on_disk(nbytes):
+        if not self._room_on_disk(name, nbytes):
             return None
         return self._files.temp(name, nbytes)

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importli
 from fastpath_helpers import record_table, write_dataset  # noqa: E402
 
 from stoker.loader import DataLoader, ReadOptions  # noqa: E402
+from stoker.loader.fallbacks import collecting  # noqa: E402
 from stoker.loader.read.arrow import ArrowSource  # noqa: E402
 from stoker.loader.fastpath.record_store import RecordStore, default_dir  # noqa: E402
 from stoker.manifest import Manifest  # noqa: E402
@@ -235,8 +236,11 @@ def test_orphaned_temporary_files_are_removed(tmp_path: Path) -> None:
 def test_nothing_is_written_when_the_disk_would_run_low(dataset: Manifest,
                                                         tmp_path: Path) -> None:
     full = RecordStore(str(tmp_path), min_free=1.0)  # no filesystem keeps 100 % free
-    assert not full.save("a.rec", np.zeros(10, dtype=np.uint8))
+    with collecting() as noted:
+        assert not full.save("a.rec", np.zeros(10, dtype=np.uint8))
     assert _files(tmp_path) == []
+    count, detail = noted["records_not_saved"]  # said, never silent
+    assert count == 1 and "a.rec (26 bytes)" in detail and "less than 100% free" in detail
     assert RecordStore(str(tmp_path), min_free=0.0).save("a.rec", np.zeros(10, dtype=np.uint8))
 
 
