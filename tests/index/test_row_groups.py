@@ -83,13 +83,14 @@ def _layout_and_batch(kind: str, rows: int = 50) -> tuple[Any, pa.RecordBatch]:
     return layout, batch
 
 
-def test_plain_records_are_the_kernels_records() -> None:
+@pytest.mark.parametrize("rows", [50, 20000])  # one tile; 4, the last one partial
+def test_plain_records_are_the_kernels_records(rows: int) -> None:
     from stoker.loader.fastpath import rowmajor
     from stoker.loader.fastpath.plan import ShardData
 
     from stoker.loader.read.index_staging import plain_records
 
-    layout, batch = _layout_and_batch("plain")
+    layout, batch = _layout_and_batch("plain", rows)
     assert {f.name for f in layout.fields} == {"features", "categoricals", "seq", "label"}
     got = plain_records(batch, layout)
     assert got is not None
