@@ -133,3 +133,48 @@ def test_the_next_group_is_decoded_ahead_and_its_errors_reach_the_reader() -> No
     assert all(threads[(0, g)].startswith("stoker-decode") for g in (1, 2))
     assert groups.decoded == 3
     groups.close()
+
+
+def test_dropped_groups_records_are_written_again_only_once_no_round_reads_them() -> None:
+    """A group's records buffer, once the group is dropped, takes a later group's records
+    (fresh memory faults in page by page), but never while a round still copies out of it:
+    every group's values are its own whatever was dropped meanwhile."""
+    from stoker.loader.fastpath.plan import FastPlan
+    from stoker.loader.fastpath.rowmajor import RecordLayout
+    from stoker.loader.read.staging import StagedRecords
+
+    def table(file: int, group: int) -> pa.Table:
+        return pa.table({"label": np.full(ROWS, file * 1000 + group, dtype=np.int64)})
+
+    first = table(0, 0).to_batches()[0]
+    layout = RecordLayout.of(FastPlan(first.schema, ["label"], [], []), [first])
+    groups = RowGroups(table, lambda f: np.full(8, ROWS), ["label"], lambda b: None,
+                       int(2.5 * ROWS * layout.stride), lambda: layout)
+    field = layout.fields[0]
+
+    def values(data: StagedRecords) -> set[int]:
+        return set(data.records[:, field.offset:field.offset + 8].view(np.int64).ravel().tolist())
+
+    def buffer(data: StagedRecords) -> np.ndarray:
+        root = data.records
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        return root
+
+    buffers: list[np.ndarray] = []  # kept alive: a new array cannot take an old one's id
+    for g in range(8):  # a sliding window: each group read once, two kept
+        for data, *_ in groups.runs(0, np.array([g * ROWS]), np.array([g * ROWS + ROWS]),
+                                    np.array([0])):
+            assert values(data) == {g}
+            buffers.append(buffer(data))
+    assert len({id(b) for b in buffers}) < len(buffers)  # dropped groups' buffers came back
+    held = groups.runs(1, np.array([0]), np.array([ROWS]), np.array([0]))
+    data, *_ = next(held)  # a round copying out of file 1's group 0, not finished
+    for g in range(1, 8):  # the decode-ahead thread and later rounds drop it meanwhile
+        for other, *_ in groups.runs(1, np.array([g * ROWS]), np.array([g * ROWS + ROWS]),
+                                     np.array([0])):
+            assert other.records.ctypes.data != data.records.ctypes.data
+            assert values(other) == {1000 + g}
+    assert values(data) == {1000}  # never written again while read
+    held.close()
+    groups.close()
