@@ -37,6 +37,7 @@ the worker.
 from __future__ import annotations
 
 import ctypes
+import functools
 import io
 import mmap
 import os
@@ -196,6 +197,7 @@ class Ring:
             return
 
 
+@functools.cache
 def _lent_type(slot_bytes: int) -> type:
     """A ctypes view of one slot whose collection frees the slot: the first object below a
     lent batch's arrays that is not an array (NumPy's base chain ends there), so it lives
