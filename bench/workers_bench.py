@@ -9,8 +9,9 @@ reports medians:
 - W1 (64 f32 features, 8 int64 categoricals, list<f32>[16], label; batch 1024): stoker with
   ``num_workers`` 0/1/2 x ``WorkerOptions(mode=thread|process)`` x shuffle on/off, *first run*
   (an empty records directory: the node has never read the data) and *later run* (the records
-  of every shard on disk: an untimed run waits until they are built and saved); the ceiling is Parquet -> NumPy of every column, one core, no
-  shuffle (bench/loader_bench.py's ``_ceiling_w1``).
+  of every shard on disk: an untimed run waits until they are built and saved); the ceiling
+  is Parquet -> NumPy of every column, one core, no shuffle (bench/loader_bench.py's
+  ``_ceiling_w1``).
 - W2 (64x64 JPEGs, batch 256): stoker with ``num_workers`` 0/1/2, threads and processes,
   shuffle on; decode ceilings of one core with Pillow and with simplejpeg.
 

@@ -104,8 +104,9 @@ class _Proc:
         self.results, result_w = ctx.Pipe(duplex=False)
         fork = ctx.get_start_method() == "fork"
         # made before the fork (the child shares them); a slot more than the batches it holds,
-        # and the slots lent to batches the caller holds. Tasks too: a group's ids (up to 64 KB) written into a pipe filled it, and the
-        # consumer's send blocked until the busy worker read them.
+        # and the slots lent to batches the caller holds. Tasks too: a group's ids (up to
+        # 64 KB) written into a pipe filled it, and the consumer's send blocked until the busy
+        # worker read them.
         self.ring = Ring(slots=limit + 1, leases=LEASES) if fork else None
         self.task_ring = Ring(slots=limit + 1, slot_bytes=_TASK_SLOT) if fork else None
         self.index = index
@@ -307,8 +308,8 @@ class ProcessPool(WorkerPool):
         """Hand out work, read results, restart dead workers. Waiting for one batch, only
         its worker's results are read (they arrive in its tasks' order), so each batch is
         taken out of the worker's ring just before it is yielded rather than as soon as it
-        arrived (measured while batches were copied out: 2 M W1 rows, shuffled, 2 process workers, later epochs, 4 interleaved
-        runs each: 3.85 against 3.5 M rows/s)."""
+        arrived (measured while batches were copied out: 2 M W1 rows, shuffled, 2 process
+        workers, later epochs, 4 interleaved runs each: 3.85 against 3.5 M rows/s)."""
         self._dispatch()
         current = seqs[0]
         self._generation = current[0] if isinstance(current, tuple) else None
