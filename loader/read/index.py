@@ -13,14 +13,12 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from stoker.loader.jit import executors, fork_gate
 from stoker.loader.read.arrow import ArrowSource, Digest
 from stoker.loader.fallbacks import note
 from stoker.loader.fastpath.plan import FastPlan
@@ -34,7 +32,6 @@ __all__ = ["IndexSource"]
 
 _CACHE_BYTES = 512 << 20
 _FOOTERS = 256  # Parquet footers kept (each can be tens of KB: columns x row groups)
-_HASH_AHEAD = 2  # files hashed in the background past the one being verified (see verify)
 
 
 class IndexSource(ArrowSource):
@@ -64,8 +61,6 @@ class IndexSource(ArrowSource):
         self._verified: set[int] = set()
         self._verify = verify
         self._verify_lock = threading.Lock()
-        self._hashing: dict[int, Future[tuple[str, int]]] = {}  # files hashed ahead
-        self._hasher: tuple[int, ThreadPoolExecutor] | None = None  # (pid, its thread)
         self._groups: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()
         self._group_bytes = 0
         self._cache_bytes = cache_bytes
@@ -80,21 +75,13 @@ class IndexSource(ArrowSource):
         return self.manifest.shard_location(index).removeprefix("file://")
 
     def verify(self, index: int) -> str:
-        """Check shard ``index``'s size and xxh3-128 once; return its local path.
-
-        The next :data:`_HASH_AHEAD` files are hashed meanwhile in a background thread: a
-        round reads the files in ascending order, and reading a cold file from disk to hash
-        it then overlaps with decoding the one before (a first run of 5 M W1 rows indexed
-        spent 5.4 s hashing, one file after the other, before the groups it decoded)."""
+        """Check shard ``index``'s size and xxh3-128 once; return its local path."""
         path = self._path(index)
         if index in self._verified:
             return path
-        if self._verify == "hash":
-            self._hash_ahead(index)
         with self._verify_lock:
             if index in self._verified:
                 return path
-            ahead = self._hashing.pop(index, None)
             info = self.manifest.shards[index]
             try:
                 size = os.stat(path).st_size
@@ -102,8 +89,8 @@ class IndexSource(ArrowSource):
                 raise ShardIntegrityError(f"{path}: indexed file is missing or unreadable "
                                           f"({exc.strerror}); restore it or run `stoker index` "
                                           "again.", shard=info.path) from exc
-            digest = info.xxh3_128 if self._verify == "size" else None if size != info.bytes \
-                else _hashed(ahead) or hash_file(path)[0]
+            digest = info.xxh3_128 if self._verify == "size" else \
+                hash_file(path)[0] if size == info.bytes else None
             if size != info.bytes or digest != info.xxh3_128:
                 what = f"size {size} bytes, indexed {info.bytes}" if size != info.bytes else \
                     f"xxh3-128 {digest}, indexed {info.xxh3_128}"
@@ -113,17 +100,6 @@ class IndexSource(ArrowSource):
                     "its order, will change).", shard=info.path)
             self._verified.add(index)
         return path
-
-    def _hash_ahead(self, index: int) -> None:
-        """Hash the files after ``index`` that no one checked yet, in the background."""
-        with self._verify_lock:
-            if self._hasher is None or self._hasher[0] != os.getpid():  # none yet, or forked
-                self._hashing.clear()
-                self._hasher = (os.getpid(),
-                                ThreadPoolExecutor(1, thread_name_prefix="stoker-verify"))
-            for later in range(index + 1, min(index + 1 + _HASH_AHEAD, len(self.manifest.shards))):
-                if later not in self._verified and later not in self._hashing:
-                    self._hashing[later] = self._hasher[1].submit(_hash_unit, self._path(later))
 
     # -- staging (stoker.loader.read.index_staging) ---------------------------------------------
     def stage(self, options: OrderOptions, rank: int, world_size: int) -> bool:
@@ -278,31 +254,10 @@ class IndexSource(ArrowSource):
             os.close(fd)
 
     def close(self) -> None:
-        """Drop cached row groups, stop hashing ahead; idempotent."""
+        """Drop cached row groups; idempotent."""
         with self._lock:
             self._groups.clear()
             self._group_bytes = 0
-        with self._verify_lock:
-            hasher, self._hasher = self._hasher, None
-            self._hashing.clear()
-        if hasher is not None and hasher[0] == os.getpid():
-            executors.stop(hasher[1])
         if self._row_groups is not None:
             self._row_groups.close()
         super().close()
-
-
-def _hash_unit(path: str) -> tuple[str, int]:
-    with fork_gate.unit():  # a worker forked meanwhile hashes its files itself
-        return hash_file(path)
-
-
-def _hashed(ahead: Future[tuple[str, int]] | None) -> str | None:
-    """The digest a background hash computed, or ``None`` (none started, cancelled or
-    failed: the caller hashes the file itself, and an error is its own)."""
-    if ahead is None or ahead.cancelled():
-        return None
-    try:
-        return ahead.result()[0]
-    except OSError:
-        return None

@@ -183,27 +183,3 @@ def test_export_of_an_index_dataset(pq_index, tmp_path: Path) -> None:
     assert main(["export", str(root), "--to", "parquet", str(tmp_path / "out"), "--quiet"]) == 0
     back = pa.concat_tables(pq.read_table(p) for p in sorted((tmp_path / "out").iterdir()))
     assert back.to_pylist() == expected.to_pylist()
-
-
-def test_files_hashed_ahead_are_checked_like_the_rest(pq_index) -> None:
-    """Verifying a file hashes the next two in the background (a round reads files in
-    ascending order); a changed file among them is still an error naming it, when it is
-    reached, and the others pass."""
-    from stoker.loader.read.index import IndexSource
-
-    root, _ = pq_index
-    target = root / "day=2" / "c.parquet"
-    data = bytearray(target.read_bytes())
-    data[100] ^= 0xFF  # same size, different bytes
-    target.write_bytes(bytes(data))
-    source = IndexSource(Manifest.load(root))
-    source.verify(0)
-    ahead = dict(source._hashing)
-    assert sorted(ahead) == [1, 2]
-    assert all(f.result()[1] > 0 for f in ahead.values())  # hashed in the background
-    assert source.verify(1).endswith("b.parquet")
-    with pytest.raises(ShardIntegrityError, match=r"c\.parquet: file changed after it was "
-                       r"indexed \(xxh3-128"):
-        source.verify(2)
-    assert not source._hashing  # each one used once
-    source.close()
