@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from stoker.loader.fastpath.plan import FastPlan, ShardData
+from stoker.loader.fastpath.ring import BufferRing, Slot
 from stoker.loader.fastpath.rowmajor import RecordLayout
 from stoker.loader.jit import executors, fork_gate
 from stoker.loader.read.staging import StagedRecords
@@ -30,7 +31,10 @@ from stoker.loader.read.staging import StagedRecords
 __all__ = ["RowGroups", "all_records", "plain_records"]
 
 _TILE_BYTES = 256 << 10  # records transposed at once by plain_records: they stay in L2
-_SPARE = 2  # dropped groups' record buffers kept for the next groups' records (two decoders)
+# decoded groups' record buffers kept for reuse (stoker.loader.fastpath.ring: one is written
+# again once no kept group and no round views it); made as needed, so a budget of few groups
+# holds few
+_RECORD_SLOTS = 64
 
 
 def all_records(plan: FastPlan) -> bool:
@@ -40,16 +44,16 @@ def all_records(plan: FastPlan) -> bool:
 
 
 def plain_records(batch: pa.RecordBatch, layout: RecordLayout,
-                  out: np.ndarray | None = None) -> np.ndarray | None:
+                  slot: Slot | None = None) -> np.ndarray | None:
     """``batch``'s rows as records of ``layout`` (``uint8 [rows, stride]``), transposed by
     NumPy one column at a time, when every field's columns are plain: no nulls, values of the
     field's dtype as they are (no cast, no dictionary, no bit-packed bools), lists all of the
     field's width. ``None`` otherwise, and the kernels build them (nulls -> 0 and the other
     rules of stoker.loader.fastpath.kernels); where both apply the bytes are the same
     (tests/index/test_row_groups.py). Bytes between fields stay unwritten: no output reads
-    them. ``out``: a C-contiguous ``uint8`` buffer to write them into when it is large enough
-    (a dropped group's: fresh memory faults in page by page, ~60 ms for a 65,536-row W1 group
-    on this VM against ~12 ms to write reused memory).
+    them. ``slot``: the ring slot whose buffer they are written into (a dropped group's:
+    fresh memory faults in page by page, ~60 ms for a 65,536-row W1 group on this VM against
+    ~12 ms to write reused memory).
 
     A decoded group was packed into one arena for the kernels and each round transposed its
     runs column by column; 5 M W1 rows: 0.4 s packing and 0.9 s of column copies an epoch.
@@ -82,9 +86,8 @@ def plain_records(batch: pa.RecordBatch, layout: RecordLayout,
                    np.dtype(a.type.to_pandas_dtype()) != f.dtype for a in arrays):
                 return None
             columns.append((f, [a.to_numpy() for a in arrays]))
-    size = n * layout.stride
-    records = out.reshape(-1)[:size].reshape(n, layout.stride) \
-        if out is not None and out.nbytes >= size else np.empty((n, layout.stride), np.uint8)
+    records = np.empty((n, layout.stride), np.uint8) if slot is None \
+        else slot.array("records", (n, layout.stride), np.uint8)
     views = [(records[:, f.offset:f.offset + f.nbytes].view(f.dtype), f.kind == "list", values)
              for f, values in columns]
     tile = max(64, _TILE_BYTES // max(layout.stride, 1))
@@ -97,12 +100,6 @@ def plain_records(batch: pa.RecordBatch, layout: RecordLayout,
                 for j, v in enumerate(values):
                     view[lo:hi, j] = v[lo:hi]
     return records
-
-
-def _read_by(data: ShardData | StagedRecords, change: int) -> None:
-    """Count a round copying out of a group's records (under :class:`RowGroups`' lock)."""
-    if isinstance(data, StagedRecords):
-        data.readers += change
 
 
 class RowGroups:
@@ -134,7 +131,7 @@ class RowGroups:
         self._pending: dict[tuple[int, int], Future[None]] = {}  # groups decoding ahead
         self._pool: tuple[int, ThreadPoolExecutor] | None = None
         self._groups: dict[int, int] = {}  # row groups of each file, asked once
-        self._spare: list[StagedRecords] = []  # dropped groups' records, written again
+        self._buffers = BufferRing(_RECORD_SLOTS)  # groups' records (plain_records)
         self.decoded = 0  # row groups decoded (statistics: ~ groups per epoch when it fits)
 
     def _group(self, file: int, group: int) -> ShardData | StagedRecords:
@@ -147,58 +144,39 @@ class RowGroups:
             if hit is not None:
                 self._kept[key] = (hit[0], hit[1], self._round)
                 self._kept.move_to_end(key)
-                _read_by(hit[0], 1)
             pending = self._pending.get(key)
         if hit is None and pending is not None:
             pending.result()  # decoding ahead: wait for it, then look again
             with self._lock:
                 hit = self._kept.get(key)
-                if hit is not None:
-                    _read_by(hit[0], 1)
-        data = hit[0] if hit is not None else self._load(key, reader=True)
+        data = hit[0] if hit is not None else self._load(key)
         self._decode_ahead((file, group + 1))
         return data
 
-    def _done(self, data: ShardData | StagedRecords) -> None:
-        """A round finished copying out of ``data`` (from :meth:`_group`)."""
-        with self._lock:
-            _read_by(data, -1)
-
-    def _load(self, key: tuple[int, int], reader: bool = False) -> ShardData | StagedRecords:
-        """Decode group ``key`` and keep it (dropping others past the budget); ``reader``: a
-        round copies out of it next (:meth:`_done` when it has)."""
+    def _load(self, key: tuple[int, int]) -> ShardData | StagedRecords:
+        """Decode group ``key`` and keep it (dropping others past the budget)."""
         batches = self._read(*key).combine_chunks().to_batches()
         self._opened(batches)
         layout = self._layout()
-        records = plain_records(batches[0], layout, self._take_spare()) \
-            if layout is not None and len(batches) == 1 else None
+        records = None
+        if layout is not None and len(batches) == 1:
+            slot = self._buffers.acquire()
+            try:
+                records = plain_records(batches[0], layout, slot)
+            finally:
+                self._buffers.release(slot)
         data: ShardData | StagedRecords
         if records is not None:  # transposed once; rounds copy whole records out of it
             data, nbytes = StagedRecords(records), records.nbytes
         else:  # the kernels read a packed copy, as they read a shard
             data, nbytes = ShardData(batches, None, self._columns), sum(b.nbytes for b in batches)
         with self._lock:
-            if reader:
-                _read_by(data, 1)
             self.decoded += 1
             self._kept[key] = (data, nbytes, self._round)
             self._bytes += nbytes
             while self._bytes > self._budget and len(self._kept) > 1:
-                dropped, nbytes, _ = self._kept.pop(self._victim(max(key, self._last)))
-                self._bytes -= nbytes
-                if isinstance(dropped, StagedRecords) and len(self._spare) < _SPARE:
-                    self._spare.append(dropped)
+                self._bytes -= self._kept.pop(self._victim(max(key, self._last)))[1]
         return data
-
-    def _take_spare(self) -> np.ndarray | None:
-        """The records buffer of a dropped group no round is copying from any more (the
-        decode-ahead thread may drop the group the staging thread is copying: it waits), or
-        ``None``."""
-        with self._lock:
-            for i, spare in enumerate(self._spare):
-                if not spare.readers:
-                    return self._spare.pop(i).records
-        return None
 
     def _decode_ahead(self, key: tuple[int, int]) -> None:
         """Decode the group after the one a round just read, in the background: a partition's
@@ -265,8 +243,5 @@ class RowGroups:
                 continue
             lo = np.maximum(first[sel], starts[g])
             hi = np.minimum(end[sel], starts[g + 1])
-            data = self._group(file, g)
-            try:
-                yield data, lo - starts[g], hi - starts[g], dest[sel] + lo - first[sel]
-            finally:  # the caller copied the runs (or stopped): its buffer may be reused
-                self._done(data)
+            yield (self._group(file, g), lo - starts[g], hi - starts[g],
+                   dest[sel] + lo - first[sel])

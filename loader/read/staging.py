@@ -385,7 +385,6 @@ class StagedRecords:
 
     def __init__(self, records: np.ndarray) -> None:
         self.records = records
-        self.readers = 0  # rounds copying out of it now (its buffer is reused only at 0)
 
     def copy_runs(self, rec: np.ndarray, first: np.ndarray, end: np.ndarray,
                   dest: np.ndarray) -> None:

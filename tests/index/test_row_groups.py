@@ -5,6 +5,7 @@ group in ascending order (a cycle), a large dataset's rounds slide over the grou
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -161,13 +162,18 @@ def test_dropped_groups_records_are_written_again_only_once_no_round_reads_them(
             root = root.base
         return root
 
-    buffers: list[np.ndarray] = []  # kept alive: a new array cannot take an old one's id
+    # weak: a reference would keep a buffer in use; a dead one cannot be mistaken for a new
+    seen: list[weakref.ref[np.ndarray]] = []
+    reused = 0
     for g in range(8):  # a sliding window: each group read once, two kept
         for data, *_ in groups.runs(0, np.array([g * ROWS]), np.array([g * ROWS + ROWS]),
                                     np.array([0])):
             assert values(data) == {g}
-            buffers.append(buffer(data))
-    assert len({id(b) for b in buffers}) < len(buffers)  # dropped groups' buffers came back
+            root = buffer(data)
+            reused += any(w() is root for w in seen)
+            seen.append(weakref.ref(root))
+            del root
+    assert reused  # dropped groups' buffers came back
     held = groups.runs(1, np.array([0]), np.array([ROWS]), np.array([0]))
     data, *_ = next(held)  # a round copying out of file 1's group 0, not finished
     for g in range(1, 8):  # the decode-ahead thread and later rounds drop it meanwhile
