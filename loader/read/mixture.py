@@ -12,7 +12,7 @@ convert to the same batch value (see :func:`check_columns`).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -162,10 +162,8 @@ class MixtureSource:
             batch = self.readers[i].fetch(ids - self._offsets[i], epoch, seed)
             batch["source"] = torch.from_numpy(src)
             return batch
-        parts = []
-        for i in present:
-            rows = np.flatnonzero(src == i)
-            parts.append((rows, self.readers[i].fetch(ids[rows] - self._offsets[i], epoch, seed)))
+        parts = [(rows, self.readers[i].fetch(local, epoch, seed))
+                 for i, rows, local in self._shares(ids, src, present)]
         slot = self._ring.acquire()
         try:
             batch = _merge(parts, len(ids), slot)
@@ -234,8 +232,15 @@ class MixtureSource:
             self.readers[0].open_for_workers(ids)
             return
         src = source_of(ids, self._offsets)
-        for i in np.unique(src).tolist():
-            self.readers[i].open_for_workers(ids[src == i] - self._offsets[i])
+        for i, _, local in self._shares(ids, src, np.unique(src).tolist()):
+            self.readers[i].open_for_workers(local)
+
+    def _shares(self, ids: np.ndarray, src: np.ndarray,
+                present: list[int]) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """``(source, rows of ids, its own ids)`` for each source in ``present``."""
+        for i in present:
+            rows = np.flatnonzero(src == i)
+            yield i, rows, ids[rows] - self._offsets[i]
 
     def cache_clock(self, order: MixtureOrder, plan: Any,
                     step: int) -> Callable[[int], None] | None:
