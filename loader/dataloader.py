@@ -268,24 +268,33 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
                 next(sampler)
             steps = range(cursor.step, len(batches))
             where = dict(sampler=sampler, batched=self.batch_sampler is not None)
-        if self._pool is None and "ids" in where:
-            self._open_for_workers(where["ids"], steps)
+        open_ahead = self._open_ahead() if "ids" in where else None
+        if open_ahead is not None:
+            where["open_ahead"] = open_ahead
+            if self._pool is None:
+                # the shards of the workers' first tasks open here and the workers inherit
+                # them; their records build after the forks (a fork waits for a build)
+                from stoker.loader.workers.processes import quiet_for_forks
+
+                with quiet_for_forks():  # busy: each fork below counts it
+                    first = steps[:self.num_workers * self._prefetch * self._group()]
+                    if len(first):
+                        open_ahead(np.concatenate([where["ids"](step) for step in first]))
+                    self._get_pool()
         pool = self._get_pool()
         group = self._group() if hasattr(pool, "submit_group") else 1
         depth = getattr(pool, "depth", 0) or self.num_workers * self._prefetch * group
         return run(pool=pool, depth=max(depth, 1), steps=steps, skip=frozenset(cursor.ahead),
                    group=group, **where)
 
-    def _open_for_workers(self, ids: Callable[[int], np.ndarray], steps: range) -> None:
-        """Before worker processes fork: the source opens the shards of their first tasks
-        here, and they inherit them (ArrowSource.open_for_workers)."""
-        open_for = getattr(self._source, "open_for_workers", None)
-        if open_for is None or self.worker_mode != "process" or not self.num_workers or \
-                self._service is not None:  # servers read the batches, not this process
-            return
-        first = steps[:self.num_workers * self._prefetch * self._group()]
-        if len(first):
-            open_for(np.concatenate([ids(step) for step in first]))
+    def _open_ahead(self) -> Callable[[np.ndarray], None] | None:
+        """With process workers, what opens in this process the shards of the ids handed out
+        (ArrowSource.open_for_workers): workers forked after it inherit those maps, and this
+        process builds and saves their row-major records, which the workers then map (a
+        forked worker builds none of its own under ``row_major="auto"``)."""
+        if self.worker_mode != "process" or not self.num_workers or self._service is not None:
+            return None  # servers read the batches, not this process
+        return getattr(self._source, "open_for_workers", None)
 
     def _group(self) -> int:
         """Batches per worker task: enough rows that one record gather's nogil copy outlasts

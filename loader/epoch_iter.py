@@ -146,6 +146,8 @@ class EpochRun:
         cache_clock, cache_events: move the node cache's future to a step; write what the
             cache did to the ledger (``None``: no cache).
         workers, saved: an IterableDataset's pass: worker slots and a loaded state.
+        open_ahead: called with a task's ids before a worker process gets it (the source
+            opens their shards here, to build the records the workers map).
     """
 
     epoch: int
@@ -173,6 +175,7 @@ class EpochRun:
     workers: int = 1
     saved: dict[str, Any] | None = None
     group: int = 1
+    open_ahead: Callable[[np.ndarray], None] | None = None
 
 
 class CacheEvents:
@@ -266,6 +269,9 @@ class EpochIterator(EpochPass):
                 tasks.append(task)
             if not tasks:
                 return
+            if run.open_ahead is not None:
+                run.open_ahead(tasks[0][1] if len(tasks) == 1 else
+                               np.concatenate([ids for _, ids in tasks]))
             if len(tasks) == 1:
                 run.pool.submit((self._gen, tasks[0][0]), (tasks[0][1], run.epoch, run.seed))
             else:

@@ -151,6 +151,7 @@ class ArrowSource:
                                 budget(row_major_dir) if budget and row_major_dir else None) \
             if self._plan is not None else None
         self._stager: Stager | None = None
+        self._opened_ahead: set[int] = set()  # shards open_for_workers opened
         self._records_mode = self._rm.mode if self._rm is not None else 0  # bytes; -1: any
         self._warm = (warm.start(self._plan, schema, bool(self._rm and self._rm.mode)),
                       self._plan, schema, bool(self._rm and self._rm.mode)) \
@@ -463,14 +464,30 @@ class ArrowSource:
             filled, positions = self._gather_once(ids, slot)
         return filled, positions
 
+    @property
+    def opens_ahead(self) -> bool:
+        """Whether :meth:`open_for_workers` may still open a shard."""
+        return bool(self._local and self._stager is None and self._rm is not None and
+                    self._rm.mode and len(self._opened_ahead) < self.manifest.num_shards)
+
     def open_for_workers(self, ids: np.ndarray) -> None:
-        """Open the shards of ``ids`` in this process before worker processes fork: each
-        worker inherits their maps and checked records instead of opening them again
+        """Open the shards of ``ids`` in this process for worker processes: called before
+        they fork, each inherits the maps and checked records instead of opening them again
         (2 M W1 rows: ~130 ms per worker and epoch, mostly mapping and verifying stored
-        records). Local shards only (a cached shard opened here would stay pinned against
-        the cache's limit), and not while rounds are staged (the stager reads what opens)."""
-        if self._local and self._stager is None and self._plan is not None:
-            self._open_shards_of(np.asarray(ids, dtype=np.int64))
+        records); called with every task after, this process builds and saves the records
+        of the shards the workers reach, which they map once saved (a forked worker builds
+        none under ``row_major="auto"``: N workers would hold N private copies). Local
+        shards with records only (a cached shard opened here would stay pinned against the
+        cache's limit), and not while rounds are staged (the stager reads what opens)."""
+        if not self.opens_ahead:
+            return
+        shards = np.unique(np.searchsorted(self._starts, np.asarray(ids, dtype=np.int64),
+                                           side="right") - 1).tolist()
+        new = [s for s in shards if s not in self._opened_ahead]
+        if new:
+            self._rm.for_workers = True
+            self._opened_ahead.update(new)
+            self._shards.open_all(new)
 
     def _open_shards_of(self, ids: np.ndarray) -> bool:
         """Open the shards of ``ids`` that are not open; whether there were any."""
@@ -484,6 +501,7 @@ class ArrowSource:
     def close(self) -> None:
         """Release every open shard (and its cache pin); idempotent."""
         handles = self._shards.detach()
+        self._opened_ahead.clear()
         if self._rm is not None:
             self._rm.close()
         if self._stager is not None:

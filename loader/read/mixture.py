@@ -225,8 +225,10 @@ class MixtureSource:
         return got
 
     def open_for_workers(self, ids: np.ndarray) -> None:
-        """Each reader opens the shards of its share of ``ids`` before worker processes fork
-        (ArrowSource.open_for_workers: local shards only)."""
+        """Each reader opens the shards of its share of ``ids`` for worker processes
+        (ArrowSource.open_for_workers)."""
+        if not any(r.opens_ahead for r in self.readers):
+            return
         ids = np.asarray(ids, dtype=np.int64)
         if self.union:
             self.readers[0].open_for_workers(ids)

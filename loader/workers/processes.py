@@ -36,7 +36,7 @@ from stoker.loader.workers.pool import (INIT, Task, WorkerPool, WorkerSetup, bat
                                         drop_stale, first_ready, late, run_group, run_init,
                                         run_task)
 
-__all__ = ["ProcessPool"]
+__all__ = ["ProcessPool", "quiet_for_forks"]
 
 log = logging.getLogger("stoker.loader")
 
@@ -73,6 +73,12 @@ def _process_main(fn: Task, tasks: Any, results: Any, context: WorkerContext,
             else [(seq, run_task(fn, payload, where, local=False))]
         for one in done:  # each batch of a group as soon as it is finished
             results.send_bytes(dumps(one) if ring is None else ring.put(one))
+
+
+def quiet_for_forks() -> Any:
+    """The fork gate held for worker forks (stoker.loader.jit.fork_gate.quiet): waits at
+    most ``_FORK_WAIT`` s for background work in progress; yields whether none was left."""
+    return fork_gate.quiet(_FORK_WAIT)
 
 
 # Imported by stoker's background threads on first use (NumPy imports these lazily), with
@@ -117,7 +123,7 @@ class _Proc:
                                                       setup.init, self.ring, self.task_ring))
         if fork:
             _settle_imports()
-            with fork_gate.quiet(_FORK_WAIT) as calm:
+            with quiet_for_forks() as calm:
                 self.process.start()
             if not calm:
                 note("fork_busy", f"worker process {index}: a unit still ran after "

@@ -222,6 +222,33 @@ def test_process_workers_share_the_files(dataset: Manifest, tmp_path: Path) -> N
     assert run() == cold  # now both workers map the same files: same batches
 
 
+NATURAL = """
+import sys
+from stoker.loader import DataLoader, ReadOptions, WorkerOptions
+loader = DataLoader(sys.argv[1], batch_size=8, num_workers=2, prefetch_factor=1,
+                    read=ReadOptions(features=["f0", "f1"], categoricals=["c0"],
+                                     records_dir=sys.argv[2]),
+                    workers=WorkerOptions(mode="process"))
+print(sum(len(b["id"]) for b in loader))
+loader._source.wait_row_major()
+"""
+
+
+def test_process_workers_get_the_records_of_every_shard_they_reach(tmp_path: Path) -> None:
+    """Forked workers build no records; the loader's own process opens the shards of every
+    task it hands out, not only of the first ones, and saves their records for them (else
+    a run with process workers only never had records past its first tasks' shards)."""
+    tables = [record_table(24, 24 * s, s) for s in range(8)]
+    dataset = write_dataset(tmp_path / "data", tables, batch_rows=8)
+    script, where = tmp_path / "run.py", tmp_path / "records"
+    script.write_text(NATURAL)
+    out = subprocess.run([sys.executable, str(script), str(dataset.root), str(where)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["192"]
+    assert len(_files(where)) == dataset.num_shards
+
+
 def test_orphaned_temporary_files_are_removed(tmp_path: Path) -> None:
     store = RecordStore(str(tmp_path))
     orphan, fresh = tmp_path / ".writing-old.rec", tmp_path / ".writing-new.rec"
