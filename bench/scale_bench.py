@@ -14,13 +14,16 @@ batch 1024, shuffle on, default options) at each size, every case in a fresh pro
 - ``baseline``: a pyarrow row-group loader over the same rows in Parquet (row groups in a
   seeded random order, rows shuffled inside each group, batches of 1024 stacked to NumPy):
   the naive loader a user writes first; cold (cache dropped) and warm;
-- ``index``: the same Parquet indexed in place (``stoker index``) read by the DataLoader.
+- ``index``: the same Parquet indexed in place (``stoker index``) read by the DataLoader;
+  ``index first`` with an empty records directory (and the page cache dropped): the node's
+  first run, which saves the row groups' records; ``index later`` maps them.
 
 Each case runs ``--repeats`` times (3, in turn with the others) and reports its median run:
 rows/s over the epoch (or over the first ``--max-seconds`` of it; the clock starts after
 ``import torch``, which a training process has done anyway, and the baseline hands out
 tensors too: ``torch.from_numpy``, no copy), peak RSS of the process, and bytes of derived
-data the loader left on disk; the range of the runs is printed beneath the table.
+data the loader left on disk (a later stoker run's; the index's record files after its runs);
+the range of the runs is printed beneath the table.
 ``--memory-limit`` runs the largest size's cases in a memory cgroup of that size (page cache
 included), which makes that dataset larger than the memory the loader can use: the machine's 24 GiB of RAM and its free
 disk cannot hold a W1 dataset larger than RAM twice (Parquet for the baseline + shards).
@@ -33,6 +36,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -146,11 +150,15 @@ def _cgroup(limit: int | None) -> Any:
     return enter
 
 
-def spawn(case: str, data: Path, max_seconds: float, limit: int | None) -> dict[str, float]:
+def spawn(case: str, data: Path, max_seconds: float, limit: int | None,
+          records: Path | None = None) -> dict[str, float]:
+    """Case ``case`` in a fresh process (in the cgroup of ``limit``); ``records``: its
+    records directory instead of the node's default one."""
     cmd = [sys.executable, __file__, "--child", case, "--data", str(data),
            "--max-seconds", str(max_seconds)]
+    env = None if records is None else {**os.environ, "STOKER_ROW_MAJOR_DIR": str(records)}
     out = subprocess.run(cmd, check=True, capture_output=True, text=True,
-                         preexec_fn=_cgroup(limit))
+                         preexec_fn=_cgroup(limit), env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -167,16 +175,20 @@ def run_size(workdir: Path, rows: int, max_seconds: float, limit: int | None,
     shard_bytes = sum(p.stat().st_size for p in (data / "stoker").rglob("*.arrow"))
     res: dict[str, Any] = {"rows": rows, "shard_bytes": shard_bytes, "memory_limit": limit}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in CASES}
+    records = workdir / "index-records"  # the index's derived data: a node's first run
     for _ in range(repeats):
+        shutil.rmtree(records, ignore_errors=True)
         for name, case, cold in CASES:
             dropped = _drop_caches() if cold else False
-            r = spawn(case, data, max_seconds, limit)
+            r = spawn(case, data, max_seconds, limit, records if case == "index" else None)
             r["cache_dropped"] = dropped
             runs[name].append(r)
+            res["index_records_bytes"] = sum(p.stat().st_size for p in records.glob("*.rec"))
             print(f"{rows:>11,} {name:<14} {r['rows_per_s'] / 1e6:6.2f} M rows/s  "
                   f"peak RSS {r['peak_rss'] / 2**20:7.0f} MiB  derived "
                   f"{r['derived_bytes'] / 2**20:6.0f} MiB  ({r['rows']:,} rows in "
                   f"{r['seconds']:.1f} s{', cold' if dropped else ''})", flush=True)
+    shutil.rmtree(records, ignore_errors=True)
     for name, got in runs.items():
         got.sort(key=lambda r: r["rows_per_s"])
         res[name] = {**got[len(got) // 2], "low": got[0]["rows_per_s"],
@@ -188,8 +200,9 @@ def table(results: list[dict[str, Any]]) -> str:
     """Medians of each case (rows/s; the range of the runs beneath the table)."""
     head = ("| rows | shards GB | memory | stoker first | stoker later | baseline cold | "
             "baseline warm | first / cold base | later / warm base | index first | index later | "
-            "peak RSS stoker | derived data |")
-    lines = [head, "|" + "---:|" * 13]
+            "index first / cold base | index later / warm base | peak RSS stoker | "
+            "derived data: stoker later | derived data: index |")
+    lines = [head, "|" + "---:|" * 16]
     ranges = []
     for r in results:
         m = lambda k: r[k]["rows_per_s"] / 1e6  # noqa: E731
@@ -199,8 +212,11 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{m('stoker later'):.2f} M | {m('baseline cold'):.2f} M | {m('baseline warm'):.2f} M | "
             f"{m('stoker first') / m('baseline cold'):.2f}x | "
             f"{m('stoker later') / m('baseline warm'):.2f}x | {m('index first'):.2f} M | "
-            f"{m('index later'):.2f} M | {r['stoker later']['peak_rss'] / 2**20:.0f} MiB | "
-            f"{r['stoker later']['derived_bytes']} B |")
+            f"{m('index later'):.2f} M | {m('index first') / m('baseline cold'):.2f}x | "
+            f"{m('index later') / m('baseline warm'):.2f}x | "
+            f"{r['stoker later']['peak_rss'] / 2**20:.0f} MiB | "
+            f"{r['stoker later']['derived_bytes']} B | "
+            f"{r['index_records_bytes'] / 2**30:.2f} GiB |")
         ranges.append(f"{r['rows']:,}: " + ", ".join(
             f"{name} {r[name]['low'] / 1e6:.2f}-{r[name]['high'] / 1e6:.2f}"
             for name, _, _ in CASES))

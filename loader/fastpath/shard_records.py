@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from stoker.loader.fastpath.plan import FastPlan, ShardData
     from stoker.manifest import Manifest
 
-__all__ = ["ShardRecords"]
+__all__ = ["ShardRecords", "lower_priority"]
 
 logger = logging.getLogger(__name__)
 
@@ -254,7 +254,7 @@ class ShardRecords:
         not when it saves for worker processes (:attr:`for_workers`), which wait for the
         file (one 250 MB W1 shard's save, 2 process workers busy: 3.8 s niced, 1.2 s not)."""
         if not self.for_workers:
-            _lower_priority()
+            lower_priority()
         mapped = None
         try:
             for _ in range(2):  # once more after a foreign file that differed was deleted
@@ -293,7 +293,7 @@ def _gated(fn: Callable[..., None], *args: Any) -> None:
         fn(*args)
 
 
-def _lower_priority() -> None:
+def lower_priority() -> None:
     """Nice the calling thread (Linux threads have their own nice value); best effort."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)

@@ -22,6 +22,8 @@ import pyarrow.parquet as pq
 from stoker.loader.read.arrow import ArrowSource, Digest
 from stoker.loader.fallbacks import note
 from stoker.loader.fastpath.plan import FastPlan
+from stoker.loader.fastpath.record_store import RecordStore
+from stoker.loader.read.index_records import GroupRecords
 from stoker.loader.read.index_staging import RowGroups, all_records
 from stoker.loader.order.options import OrderOptions
 from stoker.loader.read.staging import Stager
@@ -56,7 +58,10 @@ class IndexSource(ArrowSource):
             raise ManifestError(f"{redact_url(root)}: index datasets are read in place and must "
                                 "be local; convert remote data with `stoker shard` instead.")
         kwargs["fast"] = False
+        where = kwargs.get("row_major_dir") if kwargs.get("row_major", "auto") is not False \
+            else None
         super().__init__(manifest, **kwargs)
+        self._records_dir: str | None = where  # staged groups' records kept on the node
         self._schema = manifest.arrow_schema
         self._verified: set[int] = set()
         self._verify = verify
@@ -121,16 +126,38 @@ class IndexSource(ArrowSource):
         groups = RowGroups(self._verified_group,
                            lambda f: np.asarray(self.manifest.shards[f].batch_rows),
                            plan.kernel_columns, lambda b: self._stager.opened(b),  # type: ignore[union-attr]
-                           self._cache_bytes, lambda: self._stager.layout)  # type: ignore[union-attr]
+                           self._cache_bytes, lambda: self._stager.layout,  # type: ignore[union-attr]
+                           self._group_records())
         self._staged_plan, self._row_groups = plan, groups
         self._stager = Stager(plan, options, rank, world_size, self.shard_rows,
                               self.fingerprint, self._starts, groups.runs)
         return True
 
-    def _verified_group(self, index: int, group: int) -> pa.Table:
+    def wait_row_major(self) -> None:
+        """As :meth:`ArrowSource.wait_row_major`, and the saves of staged groups' records."""
+        super().wait_row_major()
+        groups = self._row_groups
+        if groups is not None and groups.stored is not None:
+            groups.stored.wait()
+
+    def _group_records(self) -> GroupRecords | None:
+        """The node's stored records of row groups (None: records kept nowhere)."""
+        if self._records_dir is None:
+            return None
+        try:
+            store = RecordStore(self._records_dir)
+        except OSError as exc:
+            note("records_not_saved", f"{self._records_dir} is not usable ({exc}): indexed "
+                                      "row groups are decoded on every run")
+            return None
+        return GroupRecords(store, lambda f: self.manifest.shards[f].xxh3_128,
+                            self._verified_group)
+
+    def _verified_group(self, index: int, group: int,
+                        columns: list[str] | None = None) -> pa.Table:
         self.verify(index)
         self.opened_shards.add(index)
-        return self._read_group(index, group)
+        return self._read_group(index, group, columns)
 
     def fetch_digested(self, ids: np.ndarray, epoch: int, seed: int,
                        digest: Digest | None) -> tuple[dict[str, Any], Any]:
@@ -200,13 +227,14 @@ class IndexSource(ArrowSource):
                 self._group_bytes -= old.nbytes
         return table
 
-    def _read_group(self, index: int, group: int) -> pa.Table:
-        """One row group with the columns this source reads, cast to the manifest's types."""
+    def _read_group(self, index: int, group: int, columns: list[str] | None = None) -> pa.Table:
+        """One row group with ``columns`` (default: those this source reads), cast to the
+        manifest's types."""
         info = self.manifest.shards[index]
         values = info.extra.get("partitions", [])
         fields = list(self._schema)
         cut = len(fields) - len(values)  # hive partition columns come after the file columns
-        wanted = set(self.columns)
+        wanted = set(self.columns if columns is None else columns)
         file_fields = [f for f in fields[:cut] if f.name in wanted]
         hive = [(f, v) for f, v in zip(fields[cut:], values) if f.name in wanted]
         with self._verify_lock:

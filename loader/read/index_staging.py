@@ -26,6 +26,7 @@ from stoker.loader.fastpath.plan import FastPlan, ShardData
 from stoker.loader.fastpath.ring import BufferRing, Slot
 from stoker.loader.fastpath.rowmajor import RecordLayout
 from stoker.loader.jit import executors, fork_gate
+from stoker.loader.read.index_records import GroupRecords
 from stoker.loader.read.staging import StagedRecords
 
 __all__ = ["RowGroups", "all_records", "plain_records"]
@@ -114,14 +115,18 @@ class RowGroups:
         budget: bytes of decoded groups kept.
         layout: the record layout rounds are staged in, once ``opened`` fixed it: a group
             whose columns are plain (:func:`plain_records`) is kept as records in it.
+        stored: the node's stored records of groups (stoker.loader.read.index_records): a
+            group found there is mapped, not decoded; a decoded group's records are saved.
     """
 
     def __init__(self, read: Callable[[int, int], pa.Table],
                  group_rows: Callable[[int], np.ndarray], columns: list[str],
                  opened: Callable[[list[pa.RecordBatch]], None], budget: int,
-                 layout: Callable[[], RecordLayout | None] = lambda: None) -> None:
+                 layout: Callable[[], RecordLayout | None] = lambda: None,
+                 stored: GroupRecords | None = None) -> None:
         self._read, self._group_rows, self._columns = read, group_rows, columns
         self._opened, self._budget, self._layout = opened, budget, layout
+        self.stored = stored
         # (file, group) -> (its kernel inputs or records, bytes, the round that last read it)
         self._kept: OrderedDict[tuple[int, int],
                                 tuple[ShardData | StagedRecords, int, int]] = OrderedDict()
@@ -154,7 +159,26 @@ class RowGroups:
         return data
 
     def _load(self, key: tuple[int, int]) -> ShardData | StagedRecords:
-        """Decode group ``key`` and keep it (dropping others past the budget)."""
+        """Map group ``key``'s stored records, or decode it (saving its records); keep it
+        (dropping others past the budget)."""
+        data, nbytes = self._mapped(key) or self._decode(key)
+        with self._lock:
+            self._kept[key] = (data, nbytes, self._round)
+            self._bytes += nbytes
+            while self._bytes > self._budget and len(self._kept) > 1:
+                self._bytes -= self._kept.pop(self._victim(max(key, self._last)))[1]
+        return data
+
+    def _mapped(self, key: tuple[int, int]) -> tuple[StagedRecords, int] | None:
+        """Group ``key``'s stored records, once a decoded group fixed the layout."""
+        layout = self._layout()
+        if self.stored is None or layout is None:
+            return None
+        rows = self._group_rows(key[0])[key[1]]
+        records = self.stored.open(key[0], key[1], int(rows), layout)
+        return None if records is None else (StagedRecords(records), records.nbytes)
+
+    def _decode(self, key: tuple[int, int]) -> tuple[ShardData | StagedRecords, int]:
         batches = self._read(*key).combine_chunks().to_batches()
         self._opened(batches)
         layout = self._layout()
@@ -165,18 +189,13 @@ class RowGroups:
                 records = plain_records(batches[0], layout, slot)
             finally:
                 self._buffers.release(slot)
-        data: ShardData | StagedRecords
-        if records is not None:  # transposed once; rounds copy whole records out of it
-            data, nbytes = StagedRecords(records), records.nbytes
-        else:  # the kernels read a packed copy, as they read a shard
-            data, nbytes = ShardData(batches, None, self._columns), sum(b.nbytes for b in batches)
         with self._lock:
             self.decoded += 1
-            self._kept[key] = (data, nbytes, self._round)
-            self._bytes += nbytes
-            while self._bytes > self._budget and len(self._kept) > 1:
-                self._bytes -= self._kept.pop(self._victim(max(key, self._last)))[1]
-        return data
+        if records is None:  # the kernels read a packed copy, as they read a shard
+            return ShardData(batches, None, self._columns), sum(b.nbytes for b in batches)
+        if self.stored is not None and layout is not None:
+            self.stored.save(key[0], key[1], layout, records)
+        return StagedRecords(records), records.nbytes  # rounds copy whole records out of it
 
     def _decode_ahead(self, key: tuple[int, int]) -> None:
         """Decode the group after the one a round just read, in the background: a partition's
@@ -208,6 +227,8 @@ class RowGroups:
             pool, self._pool = self._pool, None
         if pool is not None and pool[0] == os.getpid():
             executors.stop(pool[1])
+        if self.stored is not None:
+            self.stored.close()
 
     def _victim(self, current: tuple[int, int]) -> tuple[int, int]:
         """The kept group to drop for room while this round reads ``current``. Not plain

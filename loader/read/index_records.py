@@ -1,0 +1,137 @@
+"""Records of indexed Parquet row groups kept on the node, so later runs decode nothing.
+
+Parquet indexed in place is decoded a row group at a time and transposed into the stager's
+records (:func:`stoker.loader.read.index_staging.plain_records`); every epoch of every run did
+that again: decode-bound (5 M W1 rows: 0.6 M rows/s on later runs, a third of the same rows
+as stoker shards, whose records are kept on the node). So a group's records are saved in the
+node's record store (:mod:`stoker.loader.fastpath.record_store`: bounded, shared by every
+process, checksummed, published by an atomic rename), named after the file's content hash,
+the group and the record layout, and a later process maps them instead of decoding the group.
+
+As for a shard's stored records, a file's checksum proves only that it is the file written,
+so a group's records are compared with the Parquet file before they are served: every row of
+:data:`CHECKED_COLUMNS` columns drawn at random, decoded from the group (a few percent of a
+full decode). Records that differ are a counted, logged ``"records_mismatch"`` fallback: the
+file is deleted and the group decoded (and saved again).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from stoker.loader.fallbacks import note
+from stoker.loader.fastpath.record_store import RecordStore
+from stoker.loader.fastpath.rowmajor import RecordLayout
+from stoker.loader.fastpath.shard_records import lower_priority
+from stoker.loader.jit import executors, fork_gate
+
+__all__ = ["CHECKED_COLUMNS", "GroupRecords", "first_mismatch"]
+
+logger = logging.getLogger(__name__)
+
+CHECKED_COLUMNS = 2  # columns of a group decoded to check its stored records
+
+
+def first_mismatch(layout: RecordLayout, table: pa.Table, records: np.ndarray) -> str | None:
+    """The first column of ``table`` (some of a group's columns, decoded) whose values are
+    not what ``records`` (``uint8 [rows, stride]``) hold for it, or ``None``. The records are
+    those of plain columns (:func:`~stoker.loader.read.index_staging.plain_records`), so a
+    value's bytes are the column's own."""
+    for f in layout.fields:
+        view = records[:, f.offset:f.offset + f.nbytes].view(f.dtype)
+        for j, name in enumerate(f.columns):
+            if name not in table.column_names:
+                continue
+            column = table.column(name).combine_chunks()
+            if f.kind == "list":
+                values = column.values.to_numpy(zero_copy_only=False)
+                start = column.offsets[0].as_py()
+                want, got = values[start:start + len(column) * f.width], view
+            else:
+                want, got = column.to_numpy(zero_copy_only=False), view[:, j]
+            if np.ascontiguousarray(want, dtype=f.dtype).tobytes() != \
+                    np.ascontiguousarray(got).tobytes():
+                return name
+    return None
+
+
+class GroupRecords:
+    """Stored records of one indexed dataset's row groups (see the module docstring).
+
+    Args:
+        store: the node's record store.
+        file_hash: ``file_hash(file)`` -> the file's xxh3-128 (from the manifest).
+        read: ``read(file, group, columns)`` -> those columns of the group, as staging reads
+            them (verified, cast to the manifest's types).
+    """
+
+    def __init__(self, store: RecordStore, file_hash: Callable[[int], str],
+                 read: Callable[[int, int, list[str]], pa.Table]) -> None:
+        self._store, self._hash, self._read = store, file_hash, read
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None
+        self.mapped = 0  # groups served from stored records (statistics)
+
+    def _name(self, file: int, group: int, rows: int, layout: RecordLayout) -> str:
+        return self._store.name(f"{self._hash(file)}:row-group-{group}", rows, layout.key())
+
+    def open(self, file: int, group: int, rows: int,
+             layout: RecordLayout) -> np.ndarray | None:
+        """The group's stored records (``uint8 [rows, stride]``, read-only), checked against
+        the file; ``None`` when there are none (or they differed: deleted, counted)."""
+        name = self._name(file, group, rows, layout)
+        found = self._store.open(name, rows * layout.stride)
+        if found is None:
+            return None
+        records = found.reshape(rows, layout.stride)
+        columns = [c for f in layout.fields for c in f.columns]
+        picked = np.random.default_rng().choice(len(columns), min(CHECKED_COLUMNS,
+                                                                 len(columns)), replace=False)
+        bad = first_mismatch(layout, self._read(file, group, [columns[i] for i in picked]),
+                             records)
+        if bad is not None:
+            note("records_mismatch", f"row group {group} of indexed file {file}: stored records "
+                                     f"{name} in {self._store.root} differ from the file in "
+                                     f"column {bad!r}")
+            self._store.discard(name)
+            return None
+        self.mapped += 1
+        return records
+
+    def save(self, file: int, group: int, layout: RecordLayout, records: np.ndarray) -> None:
+        """Save a decoded group's records in the background (a lower-priority thread, one at
+        a time; ``records`` stay unchanged meanwhile: the caller's buffer is reused only once
+        no view of it is alive)."""
+        name = self._name(file, group, len(records), layout)
+        if self._store.exists(name):
+            return
+        if self._pool is None or self._pool[0] != os.getpid():  # none yet, or forked
+            self._pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="stoker-group-save"))
+        self._pool[1].submit(self._save, name, records)
+
+    def _save(self, name: str, records: np.ndarray) -> None:
+        lower_priority()
+        try:
+            with fork_gate.unit():  # a file half written must not be split by a fork
+                self._store.save(name, records)
+        except OSError as exc:  # full disk, permissions: later runs decode the group again
+            logger.warning("records of an indexed row group were not saved to %s: %s",
+                           self._store.root, exc)
+
+    def wait(self) -> None:
+        """Block until every save started so far is done (tests, benchmarks)."""
+        pool = self._pool
+        if pool is not None and pool[0] == os.getpid():
+            pool[1].submit(lambda: None).result()
+
+    def close(self) -> None:
+        """Stop saving (a save under way finishes: the file is published whole or not)."""
+        pool, self._pool = self._pool, None
+        if pool is not None and pool[0] == os.getpid():
+            executors.stop(pool[1], cancel_futures=False)
+

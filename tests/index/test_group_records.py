@@ -1,0 +1,92 @@
+"""Indexed Parquet row groups' records kept on the node (stoker.loader.read.index_records): a
+later run maps them instead of decoding, serves the same bytes, and never serves records that
+differ from the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import xxhash
+
+from stoker.loader import DataLoader, ReadOptions
+from stoker.loader.read import index_records
+from stoker.tools.cli import main
+
+FEATS, CATS = ["f0", "f1", "f2"], ["c0"]
+
+
+@pytest.fixture()
+def indexed(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(3)
+    root = tmp_path / "data"
+    root.mkdir()
+    for name, rows in (("a.parquet", 130), ("b.parquet", 90)):
+        cols: dict[str, Any] = {f: rng.random(rows, dtype=np.float32) for f in FEATS}
+        cols["f1"][::7] = np.nan  # NaNs compare by their bytes
+        cols["c0"] = rng.integers(-9, 9, rows)
+        cols["seq"] = pa.FixedSizeListArray.from_arrays(
+            pa.array(rng.random(rows * 4, dtype=np.float32)), 4).cast(pa.list_(pa.float32()))
+        cols["label"] = rng.integers(0, 2, rows)
+        pq.write_table(pa.table(cols), root / name, row_group_size=40)
+    assert main(["index", str(root), "--quiet"]) == 0
+    return root
+
+
+def _loader(root: Path, where: Any) -> DataLoader:
+    return DataLoader(str(root), batch_size=16, shuffle=True, seed=3, columns=["seq", "label"],
+                      read=ReadOptions(features=FEATS, categoricals=CATS, records_dir=where))
+
+
+def _epoch(loader: DataLoader) -> list[dict[str, bytes]]:
+    out = [{k: v.numpy().tobytes() for k, v in b.items()} for b in loader]
+    loader._source.wait_row_major()
+    return out
+
+
+def test_a_later_run_maps_every_group_and_serves_the_same_bytes(indexed: Path,
+                                                                 tmp_path: Path) -> None:
+    want = _epoch(_loader(indexed, False))
+    where = tmp_path / "records"
+    first = _loader(indexed, where)
+    assert _epoch(first) == want
+    groups = 4 + 3  # 130 and 90 rows in groups of 40
+    assert first._source._row_groups.decoded == groups
+    assert len(list(where.glob("*.rec"))) == groups
+    later = _loader(indexed, where)
+    assert _epoch(later) == want
+    row_groups = later._source._row_groups
+    assert row_groups.decoded == 1  # the first group read fixes the record layout
+    assert row_groups.stored.mapped == groups - 1
+
+
+def test_stored_records_that_differ_from_the_file_are_never_served(
+        indexed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    """Records rewritten together with their checksum pass the store's own check; the
+    comparison with the file's columns finds them, the file is deleted and rebuilt."""
+    monkeypatch.setattr(index_records, "CHECKED_COLUMNS", 100)  # every column
+    want = _epoch(_loader(indexed, False))
+    where = tmp_path / "records"
+    _epoch(_loader(indexed, where))
+    for path in where.glob("*.rec"):
+        raw = bytearray(path.read_bytes())
+        body = raw[:-16]
+        body[8] ^= 0x01  # the first record's f2 (f0, f1, f2: 4 bytes each)
+        path.write_bytes(bytes(body) + xxhash.xxh3_128_digest(bytes(body)))
+    later = _loader(indexed, where)
+    assert _epoch(later) == want
+    assert later.stats.fallbacks["records_mismatch"] == 7 - 1  # the layout's group: decoded
+    assert "differ from the file in column 'f2'" in caplog.text
+    assert later._source._row_groups.stored.mapped == 0
+    again = _loader(indexed, where)  # saved again, right this time
+    assert _epoch(again) == want and again._source._row_groups.stored.mapped == 6
+
+
+def test_without_a_records_directory_nothing_is_kept(indexed: Path) -> None:
+    loader = _loader(indexed, False)
+    _epoch(loader)
+    assert loader._source._row_groups.stored is None
