@@ -29,11 +29,11 @@ REASONS = {
                      "its rows are read with pyarrow instead of the Numba kernels",
     "row_major_failed": "a shard's row-major records could not be built or mapped: its "
                         "batches use the column kernels",
-    "records_mismatch": "a shard's stored row-major records differed from the shard's own "
-                        "columns at a checked row (a stale, buggy or tampered file, its "
-                        "checksum rewritten with it): the file was deleted and the records "
-                        "rebuilt from the shard (a worker that does not build reads the "
-                        "shard's columns instead); no record of that file was served",
+    "records_mismatch": "a shard's (or an indexed row group's) stored row-major records "
+                        "differed from its own columns at a checked row (a stale, buggy or "
+                        "tampered file, its checksum rewritten with it): the file was deleted "
+                        "and the records rebuilt from the shard (a worker that does not build "
+                        "reads the shard's columns instead); no record of that file was served",
     "records_not_saved": "a shard's row-major records did not fit under the node cache's byte "
                          "limit beside its shards (shards stay; record files go first), or "
                          "writing them would have left the disk less than 10 % free: they "
@@ -60,6 +60,10 @@ REASONS = {
                     "shared-memory ring lends (stoker.loader.workers.transport.LEASES, e.g. "
                     "list(loader)): further batches were copied out of the ring instead of "
                     "handed out in place, ~65 us of CPU per 400 KB batch",
+    "open_ahead_failed": "the loader's own process could not open a shard ahead for its "
+                         "process workers (to build the shard's records for them): nothing "
+                         "else changes; the worker that reads the shard's rows meets the same "
+                         "error at that batch and raises it there",
     "ring_full": "a worker process found every slot of its shared-memory ring in use (a bug in "
                  "the hand-over's limits): the batch was pickled through its pipe instead",
     "warmup_skipped": "the kernels could not be compiled ahead of the first batch: the first "

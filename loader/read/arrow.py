@@ -38,7 +38,8 @@ from stoker.loader.read.columns import check_categoricals, check_column_names, c
 from stoker.loader.read.open_shards import OpenShards, ShardOpener
 from stoker.loader.read.order_plan import record_stride
 from stoker.loader.read.staging import Stager
-from stoker.manifest import Manifest, ManifestError, StokerError, redact_url, resolve_inside
+from stoker.manifest import (Manifest, ManifestError, ShardIntegrityError, StokerError, redact_url,
+                             resolve_inside)
 
 # check_column_names and ShardOpener live in their own modules; re-exported here, where callers
 # have imported them from
@@ -487,7 +488,11 @@ class ArrowSource:
         if new:
             self._rm.for_workers = True
             self._opened_ahead.update(new)
-            self._shards.open_all(new)
+        for s in new:
+            try:
+                self._shards.table(s)
+            except (WorkerError, ShardIntegrityError) as exc:  # raised by its batch, in turn
+                note("open_ahead_failed", f"{type(exc).__name__}: {exc}")
 
     def _open_shards_of(self, ids: np.ndarray) -> bool:
         """Open the shards of ``ids`` that are not open; whether there were any."""

@@ -249,6 +249,31 @@ def test_process_workers_get_the_records_of_every_shard_they_reach(tmp_path: Pat
     assert len(_files(where)) == dataset.num_shards
 
 
+def test_a_shard_that_cannot_open_ahead_fails_at_its_own_batch(tmp_path: Path) -> None:
+    """Opening a shard ahead for process workers is only for its records: a broken shard
+    still fails at the first batch that reads it (every batch before it delivered, the error
+    naming the shard and the batch), as without the step."""
+    from stoker.loader import WorkerOptions
+    from stoker.loader.errors import WorkerError
+
+    tables = [record_table(24, 24 * s, s) for s in range(12)]
+    dataset = write_dataset(tmp_path / "data", tables, batch_rows=8)
+    broken = sorted((tmp_path / "data").rglob("*.arrow"))[10]
+    raw = bytearray(broken.read_bytes())
+    raw[-40:-10] = b"\xff" * 30  # the IPC footer: same size, cannot open
+    broken.write_bytes(bytes(raw))
+    loader = DataLoader(str(dataset.root), batch_size=8, num_workers=2, prefetch_factor=1,
+                        read=ReadOptions(features=FEATS, categoricals=CATS,
+                                         records_dir=tmp_path / "records"),
+                        workers=WorkerOptions(mode="process"))
+    rows = []
+    with pytest.raises(WorkerError, match=r"shard 10 .* \(reading samples \[240, 241"):
+        for batch in loader:
+            rows.extend(batch["id"].tolist())
+    assert rows == list(range(240))
+    assert loader.stats.fallbacks["open_ahead_failed"] == 1
+
+
 def test_orphaned_temporary_files_are_removed(tmp_path: Path) -> None:
     store = RecordStore(str(tmp_path))
     orphan, fresh = tmp_path / ".writing-old.rec", tmp_path / ".writing-new.rec"
