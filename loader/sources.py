@@ -195,7 +195,7 @@ def _reader(manifest: Manifest, setup: SourceSetup, plan: OrderPlan | None,
     make: Any = ArrowSource
     extra: dict[str, Any] = {}
     if manifest.kind != "arrow":  # files indexed in place by `stoker index`
-        from stoker.loader.read.index import IndexSource
+        from stoker.loader.read.indexed.source import IndexSource
 
         make = IndexSource
         if manifest.kind == "parquet-index" and plan is not None:  # decoded row groups

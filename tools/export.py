@@ -13,7 +13,7 @@ dataset is deterministic and a re-import (``stoker shard``) gives the same rows.
   column and sample (fill it, or export to Parquet).
 
 Native shards are hashed while read and checked against the manifest; index datasets check
-their files the same way (stoker.loader.read.index).
+their files the same way (stoker.loader.read.indexed.source).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def export(dataset: str | os.PathLike[str], out: str | os.PathLike[str], *, to: 
 def _shard_tables(manifest: Manifest) -> Iterator[tuple[int, pa.Table]]:
     """Each shard's rows in order, checked against the manifest."""
     if manifest.kind != "arrow":
-        from stoker.loader.read.index import IndexSource
+        from stoker.loader.read.indexed.source import IndexSource
 
         source = IndexSource(manifest)
         try:

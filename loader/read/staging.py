@@ -380,7 +380,7 @@ class Stager:
 
 class StagedRecords:
     """Rows already laid out as this stager's records (``uint8 [rows, stride]``): a decoded
-    Parquet row group, transposed once when it is decoded (stoker.loader.read.index_staging),
+    Parquet row group, transposed once when it is decoded (stoker.loader.read.indexed.row_groups),
     so a round's runs are copied out whole instead of column by column."""
 
     def __init__(self, records: np.ndarray) -> None:

@@ -1,6 +1,6 @@
-"""Indexed Parquet row groups' records kept on the node (stoker.loader.read.index_records): a
-later run maps them instead of decoding, serves the same bytes, and never serves records that
-differ from the file."""
+"""Indexed Parquet row groups' records kept on the node
+(stoker.loader.read.indexed.group_records): a later run maps them instead of decoding, serves
+the same bytes, and never serves records that differ from the file."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import xxhash
 
 from stoker.loader import DataLoader, ReadOptions
-from stoker.loader.read import index_records
+from stoker.loader.read.indexed import group_records
 from stoker.tools.cli import main
 
 FEATS, CATS = ["f0", "f1", "f2"], ["c0"]
@@ -68,7 +68,7 @@ def test_stored_records_that_differ_from_the_file_are_never_served(
         indexed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
     """Records rewritten together with their checksum pass the store's own check; the
     comparison with the file's columns finds them, the file is deleted and rebuilt."""
-    monkeypatch.setattr(index_records, "CHECKED_COLUMNS", 100)  # every column
+    monkeypatch.setattr(group_records, "CHECKED_COLUMNS", 100)  # every column
     want = _epoch(_loader(indexed, False))
     where = tmp_path / "records"
     _epoch(_loader(indexed, where))

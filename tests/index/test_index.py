@@ -105,7 +105,7 @@ def test_changed_file_is_detected_with_its_name(pq_index) -> None:
     with pytest.raises(ShardIntegrityError, match=r"c\.parquet: file changed after it was "
                        r"indexed \(xxh3-128"):
         _ids(DataLoader(str(root), batch_size=64, shuffle=False))
-    from stoker.loader.read.index import IndexSource
+    from stoker.loader.read.indexed.source import IndexSource
 
     lenient = IndexSource(Manifest.load(root), verify="size")  # same size: not noticed
     assert lenient.take(np.arange(290, 295)).num_rows == 5

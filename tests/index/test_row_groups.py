@@ -1,5 +1,5 @@
-"""The decoded row groups an indexed Parquet epoch keeps (stoker.loader.read.index_staging.RowGroups):
-past its budget it drops groups so that neither access pattern of the staged order decodes
+"""The decoded row groups an indexed Parquet epoch keeps
+(stoker.loader.read.indexed.row_groups.RowGroups): past its budget it drops groups so that neither access pattern of the staged order decodes
 a group again and again: every round of a small dataset at many partitions reads every
 group in ascending order (a cycle), a large dataset's rounds slide over the groups."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from stoker.loader.read.index_staging import RowGroups
+from stoker.loader.read.indexed.row_groups import RowGroups
 
 ROWS = 100
 
@@ -89,7 +89,7 @@ def test_plain_records_are_the_kernels_records(rows: int) -> None:
     from stoker.loader.fastpath import rowmajor
     from stoker.loader.fastpath.plan import ShardData
 
-    from stoker.loader.read.index_staging import plain_records
+    from stoker.loader.read.indexed.row_groups import plain_records
 
     layout, batch = _layout_and_batch("plain", rows)
     assert {f.name for f in layout.fields} == {"features", "categoricals", "seq", "label"}
@@ -105,7 +105,7 @@ def test_plain_records_are_the_kernels_records(rows: int) -> None:
 
 @pytest.mark.parametrize("kind", ["null", "cast", "ragged", "dict"])
 def test_what_is_not_plain_is_left_to_the_kernels(kind: str) -> None:
-    from stoker.loader.read.index_staging import plain_records
+    from stoker.loader.read.indexed.row_groups import plain_records
 
     layout, batch = _layout_and_batch(kind)
     assert plain_records(batch, layout) is None

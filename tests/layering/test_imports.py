@@ -120,7 +120,7 @@ LOADER_FORBIDDEN = {pkg: tuple(f"stoker.loader.{m}" for m in (*above, *_LOADER_T
 
 @pytest.mark.parametrize("package", sorted(LOADER_FORBIDDEN))
 def test_loader_sub_packages_import_only_downwards(package: str) -> None:
-    files = sorted((ROOT / "loader" / package).glob("*.py"))
+    files = sorted((ROOT / "loader" / package).rglob("*.py"))
     assert files, f"no sources under loader/{package}"
     bad = {str(p.relative_to(ROOT)): v for p in files
            if (v := violations(p.read_text(encoding="utf-8"), LOADER_FORBIDDEN[package]))}

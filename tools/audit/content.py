@@ -84,7 +84,7 @@ def reference_reader(manifest: Manifest, read: dict[str, Any],
     kw: dict[str, Any] = dict(columns=read["columns"], features=read["features"] or None,
                               categoricals=read["categoricals"] or None, image=opts)
     if manifest.kind != "arrow":
-        from stoker.loader.read.index import IndexSource
+        from stoker.loader.read.indexed.source import IndexSource
 
         return IndexSource(manifest, **kw)
     from stoker.loader.read.arrow import ArrowSource

@@ -26,7 +26,7 @@ from stoker.loader.fastpath.plan import FastPlan, ShardData
 from stoker.loader.fastpath.ring import BufferRing, Slot
 from stoker.loader.fastpath.rowmajor import RecordLayout
 from stoker.loader.jit import executors, fork_gate
-from stoker.loader.read.index_records import GroupRecords
+from stoker.loader.read.indexed.group_records import GroupRecords
 from stoker.loader.read.staging import StagedRecords
 
 __all__ = ["RowGroups", "all_records", "plain_records"]
@@ -115,7 +115,7 @@ class RowGroups:
         budget: bytes of decoded groups kept.
         layout: the record layout rounds are staged in, once ``opened`` fixed it: a group
             whose columns are plain (:func:`plain_records`) is kept as records in it.
-        stored: the node's stored records of groups (stoker.loader.read.index_records): a
+        stored: the node's stored records of groups (stoker.loader.read.indexed.group_records): a
             group found there is mapped, not decoded; a decoded group's records are saved.
     """
 

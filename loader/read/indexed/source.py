@@ -23,8 +23,8 @@ from stoker.loader.read.arrow import ArrowSource, Digest
 from stoker.loader.fallbacks import note
 from stoker.loader.fastpath.plan import FastPlan
 from stoker.loader.fastpath.record_store import RecordStore
-from stoker.loader.read.index_records import GroupRecords
-from stoker.loader.read.index_staging import RowGroups, all_records
+from stoker.loader.read.indexed.group_records import GroupRecords
+from stoker.loader.read.indexed.row_groups import RowGroups, all_records
 from stoker.loader.order.options import OrderOptions
 from stoker.loader.read.staging import Stager
 from stoker.manifest import Manifest, ManifestError, ShardIntegrityError, hash_file, redact_url
@@ -106,7 +106,7 @@ class IndexSource(ArrowSource):
             self._verified.add(index)
         return path
 
-    # -- staging (stoker.loader.read.index_staging) ---------------------------------------------
+    # -- staging (stoker.loader.read.indexed.row_groups) ------------------------------------
     def stage(self, options: OrderOptions, rank: int, world_size: int) -> bool:
         """Serve shuffled batches from staged rounds when every output is a record (fixed
         width or list columns of indexed Parquet); decoded row groups are kept within

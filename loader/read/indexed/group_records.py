@@ -1,8 +1,8 @@
 """Records of indexed Parquet row groups kept on the node, so later runs decode nothing.
 
 Parquet indexed in place is decoded a row group at a time and transposed into the stager's
-records (:func:`stoker.loader.read.index_staging.plain_records`); every epoch of every run did
-that again: decode-bound (5 M W1 rows: 0.6 M rows/s on later runs, a third of the same rows
+records (:func:`stoker.loader.read.indexed.row_groups.plain_records`); every epoch of every
+run did that again: decode-bound (5 M W1 rows: 0.6 M rows/s on later runs, a third of the same rows
 as stoker shards, whose records are kept on the node). So a group's records are saved in the
 node's record store (:mod:`stoker.loader.fastpath.record_store`: bounded, shared by every
 process, checksummed, published by an atomic rename), named after the file's content hash,
@@ -41,7 +41,7 @@ CHECKED_COLUMNS = 2  # columns of a group decoded to check its stored records
 def first_mismatch(layout: RecordLayout, table: pa.Table, records: np.ndarray) -> str | None:
     """The first column of ``table`` (some of a group's columns, decoded) whose values are
     not what ``records`` (``uint8 [rows, stride]``) hold for it, or ``None``. The records are
-    those of plain columns (:func:`~stoker.loader.read.index_staging.plain_records`), so a
+    those of plain columns (:func:`~stoker.loader.read.indexed.row_groups.plain_records`), so a
     value's bytes are the column's own."""
     for f in layout.fields:
         view = records[:, f.offset:f.offset + f.nbytes].view(f.dtype)
@@ -111,7 +111,8 @@ class GroupRecords:
         if self._store.exists(name):
             return
         if self._pool is None or self._pool[0] != os.getpid():  # none yet, or forked
-            self._pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="stoker-group-save"))
+            self._pool = (os.getpid(),
+                          ThreadPoolExecutor(1, thread_name_prefix="stoker-group-save"))
         self._pool[1].submit(self._save, name, records)
 
     def _save(self, name: str, records: np.ndarray) -> None:
