@@ -168,17 +168,18 @@ CASES = (("baseline cold", "baseline", True), ("stoker first", "stoker", True),
 
 
 def run_size(workdir: Path, rows: int, max_seconds: float, limit: int | None,
-             repeats: int) -> dict[str, Any]:
+             repeats: int, only: set[str] | None = None) -> dict[str, Any]:
     """Every case ``repeats`` times (the cases in turn, then again: the machine's drift
     spreads over all of them); each case's median run by rows/s, with the range seen."""
     data = prepare(workdir, rows)
     shard_bytes = sum(p.stat().st_size for p in (data / "stoker").rglob("*.arrow"))
     res: dict[str, Any] = {"rows": rows, "shard_bytes": shard_bytes, "memory_limit": limit}
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in CASES}
+    cases = [c for c in CASES if only is None or c[0] in only]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in cases}
     records = workdir / "index-records"  # the index's derived data: a node's first run
     for _ in range(repeats):
         shutil.rmtree(records, ignore_errors=True)
-        for name, case, cold in CASES:
+        for name, case, cold in cases:
             dropped = _drop_caches() if cold else False
             r = spawn(case, data, max_seconds, limit, records if case == "index" else None)
             r["cache_dropped"] = dropped
@@ -205,21 +206,27 @@ def table(results: list[dict[str, Any]]) -> str:
     lines = [head, "|" + "---:|" * 16]
     ranges = []
     for r in results:
-        m = lambda k: r[k]["rows_per_s"] / 1e6  # noqa: E731
+        def rate(k: str) -> str:
+            return f"{r[k]['rows_per_s'] / 1e6:.2f} M" if k in r else "-"
+
+        def ratio(a: str, b: str) -> str:
+            return f"{r[a]['rows_per_s'] / r[b]['rows_per_s']:.2f}x" if a in r and b in r else "-"
+
+        later = r.get("stoker later")
+        rss = f"{later['peak_rss'] / 2**20:.0f} MiB" if later else "-"
+        derived = f"{later['derived_bytes']} B" if later else "-"
         mem = f"{r['memory_limit'] / 2**30:.0f} GiB cgroup" if r["memory_limit"] else "24 GiB"
         lines.append(
-            f"| {r['rows']:,} | {r['shard_bytes'] / 1e9:.1f} | {mem} | {m('stoker first'):.2f} M | "
-            f"{m('stoker later'):.2f} M | {m('baseline cold'):.2f} M | {m('baseline warm'):.2f} M | "
-            f"{m('stoker first') / m('baseline cold'):.2f}x | "
-            f"{m('stoker later') / m('baseline warm'):.2f}x | {m('index first'):.2f} M | "
-            f"{m('index later'):.2f} M | {m('index first') / m('baseline cold'):.2f}x | "
-            f"{m('index later') / m('baseline warm'):.2f}x | "
-            f"{r['stoker later']['peak_rss'] / 2**20:.0f} MiB | "
-            f"{r['stoker later']['derived_bytes']} B | "
-            f"{r['index_records_bytes'] / 2**30:.2f} GiB |")
+            f"| {r['rows']:,} | {r['shard_bytes'] / 1e9:.1f} | {mem} | {rate('stoker first')} | "
+            f"{rate('stoker later')} | {rate('baseline cold')} | {rate('baseline warm')} | "
+            f"{ratio('stoker first', 'baseline cold')} | {ratio('stoker later', 'baseline warm')} | "
+            f"{rate('index first')} | {rate('index later')} | "
+            f"{ratio('index first', 'baseline cold')} | {ratio('index later', 'baseline warm')} | "
+            f"{rss} | {derived} | "
+            f"{r.get('index_records_bytes', 0) / 2**30:.2f} GiB |")
         ranges.append(f"{r['rows']:,}: " + ", ".join(
             f"{name} {r[name]['low'] / 1e6:.2f}-{r[name]['high'] / 1e6:.2f}"
-            for name, _, _ in CASES))
+            for name, _, _ in CASES if name in r))
     return "\n".join(lines + ["", "Range of the runs (M rows/s):"] + ranges)
 
 
@@ -239,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="runs of each case (median shown)")
     p.add_argument("--memory-limit", default=None, help="cgroup limit for the largest size")
     p.add_argument("--prepare-only", action="store_true", help="build the datasets and stop")
+    p.add_argument("--cases", default=None,
+                   help="comma-separated case names to run (default: all; the table shows - "
+                        "for the others)")
     p.add_argument("--child", default=None)
     p.add_argument("--data", default=None)
     args = p.parse_args(argv)
@@ -254,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {platform.node()} {os.cpu_count()} CPUs, {platform.python_version()}; "
           f"load {os.getloadavg()[0]:.1f}", flush=True)
     results = [run_size(Path(args.workdir), n, args.max_seconds,
-                        limit if n == max(sizes) else None, args.repeats) for n in sizes]
+                        limit if n == max(sizes) else None, args.repeats,
+                        set(args.cases.split(",")) if args.cases else None) for n in sizes]
     print(table(results))
     return 0
 

@@ -4,3 +4,4 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "sources"))  # source_fixtures
+sys.path.insert(0, str(Path(__file__).parent))  # staged_index
