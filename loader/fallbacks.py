@@ -39,7 +39,8 @@ REASONS = {
                          "writing them would have left the disk less than 10 % free: they "
                          "were not saved, so they stay in the memory of the process that "
                          "built them, and other processes build them again or read the "
-                         "shard's columns",
+                         "shard's columns; an indexed row group's records are also not saved "
+                         "while 8 saves already wait for the disk (a later run saves them)",
     "index_unstaged": "a list column of indexed Parquet has another width in some row group: "
                       "those batches are read with pyarrow instead of from staged records",
     "compiling": "the Numba kernels were still being compiled (a fresh node) or loaded (a "

@@ -69,3 +69,18 @@ def test_without_a_records_directory_nothing_is_kept(indexed: Path) -> None:
     loader = _loader(indexed, False)
     _epoch(loader)
     assert loader._source._row_groups.stored is None
+
+
+def test_saves_waiting_for_the_disk_are_bounded(indexed: Path, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each waiting save holds its group's records in memory: past the bound a group is not
+    saved (counted) and a later run saves it; no batch changes either way."""
+    monkeypatch.setattr(group_records, "_PENDING", 0)
+    want = _epoch(_loader(indexed, False))
+    where = tmp_path / "records"
+    first = _loader(indexed, where)
+    assert _epoch(first) == want
+    assert first.stats.fallbacks["records_not_saved"] == 7 and not list(where.glob("*.rec"))
+    monkeypatch.setattr(group_records, "_PENDING", 8)
+    assert _epoch(_loader(indexed, where)) == want
+    assert len(list(where.glob("*.rec"))) == 7

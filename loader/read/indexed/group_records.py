@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -36,6 +37,9 @@ __all__ = ["CHECKED_COLUMNS", "GroupRecords", "first_mismatch"]
 logger = logging.getLogger(__name__)
 
 CHECKED_COLUMNS = 2  # columns of a group decoded to check its stored records
+# saves waiting at once: each holds its group's records buffer (26 MB for 65,536 W1 rows)
+# until written, so a disk slower than decoding must not pile them up in memory
+_PENDING = 8
 
 
 def first_mismatch(layout: RecordLayout, table: pa.Table, records: np.ndarray) -> str | None:
@@ -75,6 +79,8 @@ class GroupRecords:
                  read: Callable[[int, int, list[str]], pa.Table]) -> None:
         self._store, self._hash, self._read = store, file_hash, read
         self._pool: tuple[int, ThreadPoolExecutor] | None = None
+        self._pending = 0
+        self._lock = threading.Lock()
         self.mapped = 0  # groups served from stored records (statistics)
 
     def _name(self, file: int, group: int, rows: int, layout: RecordLayout) -> str:
@@ -106,14 +112,21 @@ class GroupRecords:
     def save(self, file: int, group: int, layout: RecordLayout, records: np.ndarray) -> None:
         """Save a decoded group's records in the background (a lower-priority thread, one at
         a time; ``records`` stay unchanged meanwhile: the caller's buffer is reused only once
-        no view of it is alive)."""
+        no view of it is alive). Past :data:`_PENDING` saves waiting, the group is not saved
+        (a counted ``"records_not_saved"``; a later run saves it)."""
         name = self._name(file, group, len(records), layout)
         if self._store.exists(name):
             return
-        if self._pool is None or self._pool[0] != os.getpid():  # none yet, or forked
-            self._pool = (os.getpid(),
-                          ThreadPoolExecutor(1, thread_name_prefix="stoker-group-save"))
-        self._pool[1].submit(self._save, name, records)
+        with self._lock:
+            if self._pending >= _PENDING:
+                note("records_not_saved", f"row group {group} of indexed file {file}: "
+                                          f"{_PENDING} saves were waiting for the disk")
+                return
+            self._pending += 1
+            if self._pool is None or self._pool[0] != os.getpid():  # none yet, or forked
+                self._pool = (os.getpid(),
+                              ThreadPoolExecutor(1, thread_name_prefix="stoker-group-save"))
+            self._pool[1].submit(self._save, name, records)
 
     def _save(self, name: str, records: np.ndarray) -> None:
         lower_priority()
@@ -123,6 +136,9 @@ class GroupRecords:
         except OSError as exc:  # full disk, permissions: later runs decode the group again
             logger.warning("records of an indexed row group were not saved to %s: %s",
                            self._store.root, exc)
+        finally:
+            with self._lock:
+                self._pending -= 1
 
     def wait(self) -> None:
         """Block until every save started so far is done (tests, benchmarks)."""
