@@ -8,7 +8,9 @@ the order's working set needs (``stoker.loader.read.order_plan`` sizes it: at mo
 ``P/W x span(3K)`` groups), so each group is decoded about once per epoch: as the stager's
 records when its columns are plain (:func:`plain_records`: runs are then copied out whole),
 else as kernel inputs (:class:`~stoker.loader.fastpath.plan.ShardData` over a packed copy). The
-group after the one a round read is decoded ahead in a background thread.
+group after the one a round read is decoded ahead in a background thread. A group whose
+records the node kept from an earlier run (:mod:`stoker.loader.read.indexed.group_records`)
+is mapped instead of decoded, and a decoded group's records are saved for later runs.
 """
 
 from __future__ import annotations
@@ -51,8 +53,8 @@ def plain_records(batch: pa.RecordBatch, layout: RecordLayout,
     field's dtype as they are (no cast, no dictionary, no bit-packed bools), lists all of the
     field's width. ``None`` otherwise, and the kernels build them (nulls -> 0 and the other
     rules of stoker.loader.fastpath.kernels); where both apply the bytes are the same
-    (tests/index/test_row_groups.py). Bytes between fields stay unwritten: no output reads
-    them. ``slot``: the ring slot whose buffer they are written into (a dropped group's:
+    (tests/index/test_row_groups.py). Bytes between fields stay unwritten (a saved file holds
+    whatever they held): no output reads them. ``slot``: the ring slot whose buffer they are written into (a dropped group's:
     fresh memory faults in page by page, ~60 ms for a 65,536-row W1 group on this VM against
     ~12 ms to write reused memory).
 
