@@ -225,3 +225,27 @@ def test_a_forked_child_restarts_unfinished_warm_ups(monkeypatch: pytest.MonkeyP
     # not left held (a warm-up thread of an earlier test may be compiling: wait for it)
     assert lock is not None and lock._lock.acquire(timeout=120)
     lock._lock.release()
+
+
+@pytest.mark.parametrize("nulls", [0.0, 0.3])
+@pytest.mark.parametrize("kind", [pa.binary(), pa.large_binary(), pa.string()])
+def test_twins_write_long_binary_values_as_the_kernels_do(kind: pa.DataType,
+                                                          nulls: float) -> None:
+    """Values longer than ``kernels_np._SLICED`` bytes on average (images) are copied a
+    slice each by the twin: the same bytes as the kernel, nulls and empty values included."""
+    rng = np.random.default_rng(5)
+    shards = []
+    for n in (40, 25):
+        values = [None if rng.random() < nulls else
+                  "".join(chr(97 + c) for c in rng.integers(0, 26, rng.integers(0, 400)))
+                  for _ in range(n + 3)]
+        raw = values if kind == pa.string() else \
+            [None if v is None else v.encode() for v in values]
+        shards.append([pa.RecordBatch.from_arrays([pa.array(raw, kind).slice(3, n)],
+                                                  names=["b"])])
+    plan = FastPlan(shards[0][0].schema, ["b"], [], [])
+    data = [ShardData(b, None, plan.kernel_columns) for b in shards]
+    starts = np.array([0, 40, 65], dtype=np.int64)
+    ids = rng.integers(0, 65, 50)
+    groups = plan.groups(ids, starts, data.__getitem__)
+    _assert_same_bytes(_run(plan, groups, 50, kernels_np), _run(plan, groups, 50, kernels))
