@@ -119,7 +119,6 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
     ) -> None:
         check_worker_args(num_workers, timeout, prefetch_factor, persistent_workers)
         opts = resolve_options(shuffle, read, cache, ledger, workers, deprecated)
-        warm.prime()  # Numba's start-up runs while the caller builds its model (not at import)
         self.num_workers = num_workers
         self.multiprocessing_context = multiprocessing_context  # torch's property validates
         check_sampling_args(isinstance(dataset, IterableDataset), batch_size, shuffle, sampler,
@@ -158,6 +157,8 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
             ring_depth=max(8, num_workers * self._prefetch + 3),
             sample_seeding=self.sample_seeding, service=self._service))
         self._source, self._cache, self.location = opened.source, opened.cache, opened.location
+        if not getattr(self._source, "numba_free", False):
+            warm.prime()  # Numba's start-up runs while the caller builds its model
         self._order_plan = opened.plan  # stoker datasets: order options + working set
         self._collate, self.collate_fn = opened.collate, opened.collate_fn
         self._mode = "iterable" if self._source.kind == "iterable" else "sampler" \

@@ -95,6 +95,10 @@ class EpochOrder:
         if self.options.shuffle:
             self._build_pieces()
 
+    #: compute ids with the NumPy twins only, never Numba (a source whose batches need no
+    #: kernels: ArrowSource.numba_free); the same ids either way (tests/order)
+    numpy_only = False
+
     def __repr__(self) -> str:
         return (f"EpochOrder(num_samples={self.num_samples}, shards={len(self._rows)}, "
                 f"epoch={self.epoch}, seed={self.seed}, options={self.options})")
@@ -156,7 +160,7 @@ class EpochOrder:
             return np.arange(start, stop, step, dtype=np.int64)
         if stop <= start:
             return np.empty(0, dtype=np.int64)
-        if warmup.warming() and not compiled(_k.order_range):  # a fresh process or node
+        if self.numpy_only or (warmup.warming() and not compiled(_k.order_range)):
             return _k.order_at_np(np.arange(start, stop, step, dtype=np.int64),
                                   *self._kernel_args())
         return _k.order_range(np.int64(start), np.int64(stop), np.int64(step),
@@ -179,7 +183,8 @@ class EpochOrder:
                              f"[{int(flat.min())}, {int(flat.max())}].")
         if not self.options.shuffle or not flat.size:
             return flat.copy().reshape(ks.shape)
-        return _k.order_at(np.ascontiguousarray(flat), *self._kernel_args()).reshape(ks.shape)
+        at = _k.order_at_np if self.numpy_only else _k.order_at
+        return at(np.ascontiguousarray(flat), *self._kernel_args()).reshape(ks.shape)
 
     def rank_ids(self, start: int, stop: int, rank: int, world_size: int) -> np.ndarray:
         """``[O[k] for k in range(start, stop) if k % world_size == rank]``."""

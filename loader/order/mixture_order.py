@@ -200,4 +200,6 @@ def source_order(source: Any, seed: int, epoch: int, options: OrderOptions) -> A
     make = getattr(source, "epoch_order", None)
     if make is not None:
         return make(seed, epoch, options)
-    return EpochOrder(source.shard_rows, source.fingerprint, seed, epoch, options)
+    order = EpochOrder(source.shard_rows, source.fingerprint, seed, epoch, options)
+    order.numpy_only = bool(getattr(source, "numba_free", False))
+    return order

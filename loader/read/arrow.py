@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Callable, Mapping, Sequence
@@ -131,6 +132,15 @@ class ArrowSource:
         self._plan = FastPlan(schema, self.columns, self.features, self.categoricals, image) \
             if fast and getattr(manifest, "kind", "arrow") == "arrow" \
             and FastPlan.supports(schema, self.features, self.categoricals) else None
+        #: an image plan without augmentation (whose crop and resize are kernels) reads its
+        #: batches with the kernels' NumPy twins only: for images they are as fast (a decode
+        #: per row dominates), and a process then never imports Numba nor loads its kernels
+        #: (~0.75 s holding the GIL: W2 fresh process, 2 threads, 30-36 k -> 45-47 k
+        #: images/s). ``STOKER_COLD_START=wait`` keeps the kernels.
+        self.numba_free = self._plan is not None and image is not None and image.identity \
+            and os.environ.get("STOKER_COLD_START", "fallback") != "wait"
+        if self.numba_free:
+            row_major = False  # records are built and read by kernels
         self._ring = BufferRing(ring_depth, pin)
         self._group_skip = (0, 0)  # (records then, groups left to decline): fetch_group
         self.batches_grouped = 0  # batches fetch_group served
@@ -156,7 +166,7 @@ class ArrowSource:
         self._records_mode = self._rm.mode if self._rm is not None else 0  # bytes; -1: any
         self._warm = (warm.start(self._plan, schema, bool(self._rm and self._rm.mode)),
                       self._plan, schema, bool(self._rm and self._rm.mode)) \
-            if self._plan is not None else None
+            if self._plan is not None and not self.numba_free else None
 
     def stage(self, options: OrderOptions, rank: int, world_size: int) -> bool:
         """Read shuffled batches through staging rounds (:mod:`stoker.loader.read.staging`) for
@@ -316,7 +326,7 @@ class ArrowSource:
         if self._plan is not None and len(ids):
             slot = self._ring.acquire()
             try:
-                twins = not warm.ready(*self._warm)  # the kernels are still compiling:
+                twins = self.numba_free or not warm.ready(*self._warm)  # or still compiling:
                 try:  # their NumPy twins write the same bytes now, from the same shards
                     filled, groups, rest = self._gather_twins(ids, slot) if twins \
                         else self._gather_records(ids, slot, epoch, seed)
@@ -376,7 +386,7 @@ class ArrowSource:
         staged rows holds at most two rounds at once, as a batch across a round's end does.
         """
         plan, table, stager = self._plan, self._records, self._stager
-        if plan is None or len(batches) < 2 or not warm.ready(*self._warm) or \
+        if plan is None or len(batches) < 2 or self.numba_free or not warm.ready(*self._warm) or \
                 (stager is None and (table is None or not len(table))):
             return None
         held, skip = self._group_skip
@@ -417,7 +427,8 @@ class ArrowSource:
         """:meth:`_gather_records` while the kernels compile: every output from the columns
         (records are read by a kernel), counted as a ``"compiling"`` fallback."""
         assert self._plan is not None  # noqa: S101
-        note("compiling", f"batch of samples {_shown(ids)}")
+        if not self.numba_free:
+            note("compiling", f"batch of samples {_shown(ids)}")
         return {}, self._plan.groups(ids, self._starts, self._data_of), []
 
     def _gather_records(self, ids: np.ndarray, slot: Any, epoch: int = 0,

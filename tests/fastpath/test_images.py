@@ -131,3 +131,42 @@ def test_png_goes_through_pillow(tmp_path: Path) -> None:
     batch = ArrowSource(Manifest.load(tmp_path), image=ImageOptions("png", size=(6, 5))).fetch(
         np.array([2, 0]))
     assert np.array_equal(batch["png"].numpy(), np.stack([pixels[2], pixels[0]]))  # lossless
+
+
+NUMBA_FREE = """
+import hashlib, sys
+from stoker.loader import DataLoader, ReadOptions
+from stoker.loader.fastpath.images import ImageOptions
+dl = DataLoader(sys.argv[1], batch_size=8, shuffle=True, seed=5, num_workers=int(sys.argv[2]),
+                read=ReadOptions(image=ImageOptions("jpg", size=(20, 24))))
+h = hashlib.sha256()
+for b in dl:
+    h.update(b["jpg"].numpy().tobytes() + b["label"].numpy().tobytes())
+print(h.hexdigest(), "numba" in sys.modules, dl._source.numba_free, dict(dl.stats.fallbacks))
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_images_without_augmentation_never_import_numba(images: Path, tmp_path: Path,
+                                                         workers: int) -> None:
+    """An image plan without augmentation reads every batch with the NumPy twins and the
+    order's twin (stoker.loader.read.arrow.ArrowSource.numba_free): the process never imports
+    Numba, and the batches are the kernels' (``STOKER_COLD_START=wait`` keeps the kernels)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "run.py"
+    script.write_text(NUMBA_FREE)
+
+    def run(**env: str) -> list[str]:
+        base = {k: v for k, v in os.environ.items() if k != "STOKER_COLD_START"}
+        out = subprocess.run([sys.executable, str(script), str(images), str(workers)],
+                             capture_output=True, text=True, timeout=300, env={**base, **env})
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout.split()
+
+    free, kernels = run(), run(STOKER_COLD_START="wait")
+    assert free[1:] == ["False", "True", "{}"]  # no Numba, no fallback counted
+    assert kernels[1:3] == ["True", "False"]
+    assert free[0] == kernels[0]
