@@ -280,7 +280,7 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
                 with quiet_for_forks():  # busy: each fork below counts it
                     first = steps[:self.num_workers * self._prefetch * self._group()]
                     if len(first):
-                        open_ahead(np.concatenate([where["ids"](step) for step in first]))
+                        open_ahead([where["ids"](step) for step in first])
                     self._get_pool()
         pool = self._get_pool()
         group = self._group() if hasattr(pool, "submit_group") else 1
@@ -288,7 +288,7 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         return run(pool=pool, depth=max(depth, 1), steps=steps, skip=frozenset(cursor.ahead),
                    group=group, **where)
 
-    def _open_ahead(self) -> Callable[[np.ndarray], None] | None:
+    def _open_ahead(self) -> Callable[[list[np.ndarray]], None] | None:
         """With process workers, what opens in this process the shards of the ids handed out
         (ArrowSource.open_for_workers): workers forked after it inherit those maps, and this
         process builds and saves their row-major records, which the workers then map (a

@@ -175,7 +175,7 @@ class EpochRun:
     workers: int = 1
     saved: dict[str, Any] | None = None
     group: int = 1
-    open_ahead: Callable[[np.ndarray], None] | None = None
+    open_ahead: Callable[[list[np.ndarray]], None] | None = None
 
 
 class CacheEvents:
@@ -270,8 +270,7 @@ class EpochIterator(EpochPass):
             if not tasks:
                 return
             if run.open_ahead is not None:
-                run.open_ahead(tasks[0][1] if len(tasks) == 1 else
-                               np.concatenate([ids for _, ids in tasks]))
+                run.open_ahead([ids for _, ids in tasks])
             if len(tasks) == 1:
                 run.pool.submit((self._gen, tasks[0][0]), (tasks[0][1], run.epoch, run.seed))
             else:

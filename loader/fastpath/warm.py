@@ -88,7 +88,7 @@ def ready(key: tuple[str, ...], plan: FastPlan, schema: pa.Schema, row_major: bo
     ``STOKER_COLD_START=wait`` (batches compile what they need themselves)."""
     if warmup.finished(key):
         return True
-    if os.environ.get("STOKER_COLD_START", "fallback") == "wait" or _warm_node(ask=False):
+    if warmup.kernels_wait() or _warm_node(ask=False):
         return True  # loading cached kernels (~0.3 s) beats the twins racing it for the GIL
     if not warmup.started(key):  # a forked or unpickled worker: its own warm-up
         start(plan, schema, row_major)

@@ -29,7 +29,8 @@ import sys
 import threading
 from typing import Any, Callable
 
-__all__ = ["compile_errors", "finished", "first_call", "spawn", "started", "wait", "warming"]
+__all__ = ["compile_errors", "finished", "first_call", "kernels_wait", "spawn", "started", "wait",
+           "warming"]
 
 _lock = threading.Lock()
 _threads: list[threading.Thread] = []
@@ -77,10 +78,17 @@ def wait() -> None:
             t.join()
 
 
+def kernels_wait() -> bool:
+    """``STOKER_COLD_START=wait``: batches compile the kernels they need themselves, never
+    served by the NumPy twins meanwhile (the test suite: which path served a batch then never
+    depends on timing)."""
+    return os.environ.get("STOKER_COLD_START", "fallback") == "wait"
+
+
 def warming() -> bool:
     """Whether a warm-up thread is still compiling or loading kernels in this process (and
-    ``STOKER_COLD_START`` is not ``wait``): NumPy twins may serve the order meanwhile."""
-    if os.environ.get("STOKER_COLD_START", "fallback") == "wait":
+    not :func:`kernels_wait`): NumPy twins may serve the order meanwhile."""
+    if kernels_wait():
         return False
     return any(t.is_alive() for t in _threads)
 

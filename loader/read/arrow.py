@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Callable, Mapping, Sequence
@@ -33,6 +32,7 @@ from stoker.loader.fastpath.advise import shards_fit_memory
 from stoker.loader.fastpath.ring import BufferRing
 from stoker.loader.fastpath.shard_records import ShardRecords
 from stoker.loader.fastpath import warm
+from stoker.loader.jit import warmup
 from stoker.loader.order.options import OrderOptions
 from stoker.loader.read.arrow_batch import arrow_batch
 from stoker.loader.read.columns import check_categoricals, check_column_names, check_image_column
@@ -138,7 +138,7 @@ class ArrowSource:
         #: (~0.75 s holding the GIL: W2 fresh process, 2 threads, 30-36 k -> 45-47 k
         #: images/s). ``STOKER_COLD_START=wait`` keeps the kernels.
         self.numba_free = self._plan is not None and image is not None and image.identity \
-            and os.environ.get("STOKER_COLD_START", "fallback") != "wait"
+            and not warmup.kernels_wait()
         if self.numba_free:
             row_major = False  # records are built and read by kernels
         self._ring = BufferRing(ring_depth, pin)
@@ -482,7 +482,7 @@ class ArrowSource:
         return bool(self._local and self._stager is None and self._rm is not None and
                     self._rm.mode and len(self._opened_ahead) < self.manifest.num_shards)
 
-    def open_for_workers(self, ids: np.ndarray) -> None:
+    def open_for_workers(self, ids: Sequence[np.ndarray]) -> None:
         """Open the shards of ``ids`` in this process for worker processes: called before
         they fork, each inherits the maps and checked records instead of opening them again
         (2 M W1 rows: ~130 ms per worker and epoch, mostly mapping and verifying stored
@@ -490,12 +490,11 @@ class ArrowSource:
         of the shards the workers reach, which they map once saved (a forked worker builds
         none under ``row_major="auto"``: N workers would hold N private copies). Local
         shards with records only (a cached shard opened here would stay pinned against the
-        cache's limit), and not while rounds are staged (the stager reads what opens)."""
+        cache's limit), and not while rounds are staged (the stager reads what opens).
+        ``ids``: the tasks' id arrays (joined only while some shard is still to open)."""
         if not self.opens_ahead:
             return
-        shards = np.unique(np.searchsorted(self._starts, np.asarray(ids, dtype=np.int64),
-                                           side="right") - 1).tolist()
-        new = [s for s in shards if s not in self._opened_ahead]
+        new = [s for s in self._shards_of(np.concatenate(ids)) if s not in self._opened_ahead]
         if new:
             self._rm.for_workers = True
             self._opened_ahead.update(new)
@@ -505,10 +504,13 @@ class ArrowSource:
             except (WorkerError, ShardIntegrityError) as exc:  # raised by its batch, in turn
                 note("open_ahead_failed", f"{type(exc).__name__}: {exc}")
 
+    def _shards_of(self, ids: np.ndarray) -> list[int]:
+        """The distinct shards global ``ids`` fall in."""
+        return np.unique(np.searchsorted(self._starts, ids, side="right") - 1).tolist()
+
     def _open_shards_of(self, ids: np.ndarray) -> bool:
         """Open the shards of ``ids`` that are not open; whether there were any."""
-        shards = np.unique(np.searchsorted(self._starts, ids, side="right") - 1).tolist()
-        return self._shards.open_all(shards)
+        return self._shards.open_all(self._shards_of(ids))
 
     def _fetch_arrow(self, ids: np.ndarray, epoch: int, seed: int) -> dict[str, Any]:
         return arrow_batch(self.take(ids), ids, self.features, self.categoricals, self.image,

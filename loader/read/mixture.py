@@ -224,18 +224,18 @@ class MixtureSource:
             batch["source"] = column
         return got
 
-    def open_for_workers(self, ids: np.ndarray) -> None:
+    def open_for_workers(self, ids: Sequence[np.ndarray]) -> None:
         """Each reader opens the shards of its share of ``ids`` for worker processes
         (ArrowSource.open_for_workers)."""
         if not any(r.opens_ahead for r in self.readers):
             return
-        ids = np.asarray(ids, dtype=np.int64)
         if self.union:
             self.readers[0].open_for_workers(ids)
             return
+        ids = np.concatenate(ids)
         src = source_of(ids, self._offsets)
         for i, _, local in self._shares(ids, src, np.unique(src).tolist()):
-            self.readers[i].open_for_workers(local)
+            self.readers[i].open_for_workers([local])
 
     def _shares(self, ids: np.ndarray, src: np.ndarray,
                 present: list[int]) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
