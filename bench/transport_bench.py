@@ -8,9 +8,11 @@ A forked process sends the same batch over and over, at most
 :data:`~stoker.loader.workers.transport.IN_FLIGHT` unread at a time (as the process pool
 hands out work), as stoker's pipe message (``dumps``, tensors as bytes), through a
 :class:`~stoker.loader.workers.transport.Ring` whose slots the consumer copies out of, and
-through one that lends them (the loader's: the batch's tensors view the slot until the
-consumer drops them, as a training loop does by its next step); the consumer rebuilds every
-batch. Reported:
+through one that lends them (the batch's tensors view the slot until the consumer drops them,
+as a training loop does by its next step), the batch pickled into the slot ("lent, pickled")
+or, as the loader's workers send a stoker batch (a ``Delivered`` answer of plain tensors,
+``Ring``'s plain answers since session 15), copied in with only its layout pickled ("lent");
+the consumer rebuilds every batch. Reported:
 batches/s and the consumer's CPU per batch, medians over alternating repeats, for a W1 batch
 (1024 rows: features [1024, 64] f32, categoricals [1024, 8] i64, seq [1024, 16] f32, label) and
 a W2 batch (256 images 64x64x3 uint8, label).
@@ -30,6 +32,7 @@ import torch
 import torch.multiprocessing  # noqa: F401 - torch's reductions, as in the loader's workers
 from multiprocessing.reduction import ForkingPickler
 
+from stoker.loader.epoch_iter import Delivered
 from stoker.loader.workers.transport import IN_FLIGHT, LEASES, Ring, dumps
 
 
@@ -44,8 +47,8 @@ def w2() -> dict[str, torch.Tensor]:
 
 
 def _send(conn: Any, ring: Ring | None, credit: Any, done: Any, make: Callable[[], Any],
-          n: int) -> None:
-    batch = make()
+          n: int, plain: bool) -> None:
+    batch = Delivered(make(), None, {}) if plain else make()
     for i in range(n):
         credit.acquire()
         conn.send_bytes(dumps((i, batch)) if ring is None else ring.put((i, batch)))
@@ -53,16 +56,17 @@ def _send(conn: Any, ring: Ring | None, credit: Any, done: Any, make: Callable[[
     done.wait()  # torch's shared tensors are fetched from this process: stay until read
 
 
-MODES = ("pipe", "ring, copied", "ring, lent")
+MODES = ("pipe", "ring, copied", "ring, lent, pickled", "ring, lent")
 
 
 def run(make: Callable[[], Any], n: int, mode: str) -> tuple[float, float]:
     """(batches/s, consumer CPU us per batch) for one sender process."""
     ctx = mp.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
-    ring = None if mode == "pipe" else Ring(leases=LEASES if mode == "ring, lent" else 0)
+    ring = None if mode == "pipe" else Ring(leases=LEASES if "lent" in mode else 0)
     credit, done = ctx.Semaphore(IN_FLIGHT), ctx.Event()
-    sender = ctx.Process(target=_send, args=(send, ring, credit, done, make, n))
+    sender = ctx.Process(target=_send, args=(send, ring, credit, done, make, n,
+                                             mode == "ring, lent"))
     sender.start()
     send.close()
     loads = ForkingPickler.loads if ring is None else ring.loads

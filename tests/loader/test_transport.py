@@ -7,6 +7,7 @@ holds another batch than announced is an error, never a wrong batch."""
 from __future__ import annotations
 
 from multiprocessing.reduction import ForkingPickler
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 import torch.multiprocessing  # noqa: F401 - registers torch's reductions on ForkingPickler
 
-from stoker.loader.fallbacks import collecting
+from stoker.loader.fallbacks import collecting, drain
 from stoker.loader.workers.transport import BY_BYTES_MAX, SLOT_BYTES, Ring, RingError, dumps
 
 
@@ -192,4 +193,56 @@ def test_no_batch_a_reader_holds_changes_whatever_it_keeps(steps: list[tuple[int
     held.clear()
     batch = None  # the last one read
     assert ring._state.tolist().count(2) == 0  # every slot free once nothing is held
+    ring.close()
+
+
+class Answer(NamedTuple):  # the shape of a worker's answer (stoker.loader.epoch_iter.Delivered)
+    batch: dict
+    content: list | None
+    fallbacks: dict
+
+
+PLAIN = {key: value for key, value in BATCH.items() if key != "pairs"}
+PLAIN["empty"] = torch.zeros(0, 4)
+
+
+def test_a_plain_answer_crosses_as_its_layout_and_comes_back_byte_for_byte() -> None:
+    ring = Ring(slots=2, slot_bytes=1 << 20, leases=2)
+    raw = ring.put(((3, 7), Answer(PLAIN, [11, 2**63 - 1], {"compiling": (1, "x")})))
+    assert raw[:1] == b"P" and len(raw) < 1024  # names, dtypes, shapes: not the data
+    key, back = ring.loads(raw)
+    assert key == (3, 7) and type(back) is Answer
+    assert back.content == [11, 2**63 - 1] and back.fallbacks == {"compiling": (1, "x")}
+    assert list(back.batch) == list(PLAIN)  # the keys' order too
+    for name, tensor in PLAIN.items():
+        assert _same(back.batch[name], tensor), name
+    assert ring._state.tolist() == [2, 0, 0, 0]  # lent until the last tensor goes
+    back.batch["features"][0, 0] = 4.0  # writable; the worker's tensor is untouched
+    assert PLAIN["features"][0, 0] == 1.5
+    del back
+    assert ring._state.tolist() == [0, 0, 0, 0]
+    ring.close()
+
+
+def test_an_answer_with_anything_else_in_its_batch_is_pickled_whole(ring: Ring) -> None:
+    for odd in (BATCH["pairs"], torch.ones(4, dtype=torch.bfloat16), torch.ones(8)[::2]):
+        answer = Answer({"x": torch.arange(3), "odd": odd}, None, {})
+        raw = ring.put(("k", answer))
+        assert raw[:1] == b"R"
+        key, back = ring.loads(raw)
+        assert key == "k" and _same(back.batch["x"], answer.batch["x"])
+        assert str(back.batch["odd"]) == str(odd)
+
+
+def test_plain_answers_held_past_the_leases_are_copies_and_stay_intact() -> None:
+    ring = Ring(slots=2, slot_bytes=1 << 20, leases=2)
+    drain()  # notes earlier tests made outside any collecting() block
+    with collecting() as noted:
+        held = [ring.loads(ring.put((i, Answer({"x": torch.full((1000,), float(i))}, None, {}))))
+                for i in range(12)]
+    assert noted["batch_copied"][0] == 10 and ring._state.tolist() == [2, 2, 0, 0]
+    for i, (key, answer) in enumerate(held):
+        assert key == i and torch.equal(answer.batch["x"], torch.full((1000,), float(i)))
+    del held, answer
+    assert ring._state.tolist() == [0, 0, 0, 0]
     ring.close()
