@@ -84,7 +84,7 @@ def _layout_and_batch(kind: str, rows: int = 50) -> tuple[Any, pa.RecordBatch]:
     return layout, batch
 
 
-@pytest.mark.parametrize("rows", [50, 20000])  # one tile; 4, the last one partial
+@pytest.mark.parametrize("rows", [50, 20_250])  # one tile; 41 tiles, the last one partial
 def test_plain_records_are_the_kernels_records(rows: int) -> None:
     from stoker.loader.fastpath import rowmajor
     from stoker.loader.fastpath.plan import ShardData
