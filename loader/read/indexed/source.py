@@ -24,6 +24,7 @@ from stoker.loader.fallbacks import note
 from stoker.loader.fastpath.plan import FastPlan
 from stoker.loader.fastpath.record_store import RecordStore
 from stoker.loader.read.indexed.group_records import GroupRecords
+from stoker.loader.read.indexed.hashed_files import HashedFiles
 from stoker.loader.read.indexed.row_groups import RowGroups, all_records
 from stoker.loader.order.options import OrderOptions
 from stoker.loader.read.staging import Stager
@@ -43,7 +44,9 @@ class IndexSource(ArrowSource):
         cache_bytes: Arrow bytes of decoded Parquet row groups kept for reuse.
         verify: ``"hash"`` (default): size and xxh3-128 of each file before its first read
             (reads the whole file once per source: ~GB/s, paid up front for the files the
-            first batches touch); ``"size"``: size only, for very large files on slow storage
+            first batches touch; not again in a later process while the file's ``stat`` is
+            unchanged since this node hashed it, stoker.loader.read.indexed.hashed_files);
+            ``"size"``: size only, for very large files on slow storage
             (a same-size edit then goes unnoticed; ``stoker verify`` still checks hashes).
     """
 
@@ -65,6 +68,8 @@ class IndexSource(ArrowSource):
         self._schema = manifest.arrow_schema
         self._verified: set[int] = set()
         self._verify = verify
+        # files this node hashed before and that are unchanged since (stat) are not hashed
+        self._hashed = HashedFiles(where) if where else None
         self._verify_lock = threading.Lock()
         self._groups: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()
         self._group_bytes = 0
@@ -89,13 +94,19 @@ class IndexSource(ArrowSource):
                 return path
             info = self.manifest.shards[index]
             try:
-                size = os.stat(path).st_size
+                st = os.stat(path)
             except OSError as exc:
                 raise ShardIntegrityError(f"{path}: indexed file is missing or unreadable "
                                           f"({exc.strerror}); restore it or run `stoker index` "
                                           "again.", shard=info.path) from exc
-            digest = info.xxh3_128 if self._verify == "size" else \
-                hash_file(path)[0] if size == info.bytes else None
+            size, hashed = st.st_size, self._hashed
+            if self._verify == "size" or (size == info.bytes and hashed is not None and
+                                          hashed.known(path, info.xxh3_128, st)):
+                digest = info.xxh3_128
+            else:
+                digest = hash_file(path)[0] if size == info.bytes else None
+                if digest == info.xxh3_128 and hashed is not None:
+                    hashed.remember(path, digest, st)
             if size != info.bytes or digest != info.xxh3_128:
                 what = f"size {size} bytes, indexed {info.bytes}" if size != info.bytes else \
                     f"xxh3-128 {digest}, indexed {info.xxh3_128}"
