@@ -15,42 +15,28 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import sys
 import threading
-import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loader_bench import CATS, FEATURES, median_seconds  # noqa: E402
 
 ROWS = 65_536  # bench/scale_bench.py's row groups
 
 
 def w1_group(rows: int = ROWS) -> tuple[pa.RecordBatch, object]:
-    """A W1-shaped record batch (64 f32 features, 8 i64 categoricals, list<f32>[16], label)
-    and its record layout."""
+    """One W1 row group (the synthetic table every W1 benchmark reads) and its record layout."""
     from stoker.loader.fastpath.plan import FastPlan
     from stoker.loader.fastpath.rowmajor import RecordLayout
+    from stoker.sharder.synthetic import make_tabular_table
 
-    rng = np.random.default_rng(0)
-    cols = {f"f{i}": pa.array(rng.random(rows, dtype=np.float32)) for i in range(64)}
-    cols.update({f"c{i}": pa.array(rng.integers(0, 1000, rows)) for i in range(8)})
-    seq = pa.FixedSizeListArray.from_arrays(pa.array(rng.random(rows * 16, dtype=np.float32)),
-                                            16).cast(pa.list_(pa.float32()))
-    batch = pa.record_batch({**cols, "seq": seq, "label": pa.array(np.arange(rows))})
-    plan = FastPlan(batch.schema, ["seq", "label"], [f"f{i}" for i in range(64)],
-                    [f"c{i}" for i in range(8)])
+    (batch,) = make_tabular_table(rows).to_batches()
+    plan = FastPlan(batch.schema, ["seq", "label"], FEATURES, CATS)
     return batch, RecordLayout.of(plan, [batch])
-
-
-def timed(fn, repeats: int) -> float:
-    """Median seconds of ``repeats`` calls."""
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,12 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     print("|---:|---:|---:|---:|")
     for tile in (ours, 668):
         row_groups._TILE_ROWS = tile
-        alone = timed(lambda: row_groups.plain_records(batch, layout), args.repeats)
+        alone = median_seconds(lambda: row_groups.plain_records(batch, layout), args.repeats)
         spinning.set()
         other = threading.Thread(target=spin, daemon=True)
         other.start()
         try:
-            busy = timed(lambda: row_groups.plain_records(batch, layout), args.repeats)
+            busy = median_seconds(lambda: row_groups.plain_records(batch, layout), args.repeats)
         finally:
             spinning.clear()
             other.join()

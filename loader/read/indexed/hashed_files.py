@@ -16,6 +16,13 @@ is written only when ``stat`` was the same before and after the hash (no write m
 and the file's ctime is more than :data:`_SETTLED_NS` old: file times come from a coarse
 clock (a few ms), so a write right after the hash could leave the same times behind (git's
 "racy clean" entries, handled the same way). ``stoker verify`` always hashes.
+
+The node cache's sidecars (stoker.cache.store.sidecar) vouch for a fetched shard by size and
+mtime and the cache re-hashes it at every hand-out anyway; an indexed file was hashed once per
+process, so this note vouches for it across processes and adds what a rewrite cannot restore
+(inode, ctime). What ``stat`` cannot see is a byte that rots in place: stored group records
+are still compared with the file's own columns before they are served
+(stoker.loader.read.indexed.group_records), and ``stoker verify`` finds the rest.
 """
 
 from __future__ import annotations

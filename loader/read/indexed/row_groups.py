@@ -70,8 +70,8 @@ def plain_records(batch: pa.RecordBatch, layout: RecordLayout,
     A tile is :data:`_TILE_ROWS` rows, so no column copy gives the GIL up: this runs in a
     decode thread beside a training loop's Python, and each copy that gave the GIL up waited
     for it again behind that thread. With a thread spinning in Python beside it, a 65,536-row
-    W1 group took 7.1 s in 512-row tiles (131 per group x 73 columns) and 67-115 ms in
-    500-row tiles (13-16 ms alone either way). A list field is copied whole: one wait."""
+    W1 group took 5.5 s in 668-row tiles and 71 ms in 500-row tiles (14 ms alone either way,
+    bench/convoy_bench.py). A list field is copied whole: one wait."""
     n = batch.num_rows
     columns = []
     for f in layout.fields:
@@ -99,12 +99,13 @@ def plain_records(batch: pa.RecordBatch, layout: RecordLayout,
             columns.append((f, [a.to_numpy() for a in arrays]))
     records = np.empty((n, layout.stride), np.uint8) if slot is None \
         else slot.array("records", (n, layout.stride), np.uint8)
-    views = [(records[:, f.offset:f.offset + f.nbytes].view(f.dtype), f.kind == "list", values)
-             for f, values in columns]
-    for view, is_list, values in views:
-        if is_list:
+    fixed = []
+    for f, values in columns:
+        view = records[:, f.offset:f.offset + f.nbytes].view(f.dtype)
+        if f.kind == "list":
             view[:] = values[0]
-    fixed = [(view, values) for view, is_list, values in views if not is_list]
+        else:
+            fixed.append((view, values))
     for lo in range(0, n, _TILE_ROWS):  # every column of a tile while its records stay in cache
         hi = min(n, lo + _TILE_ROWS)
         for view, values in fixed:
