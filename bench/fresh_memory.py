@@ -7,9 +7,10 @@ does the same with a file's page cache: writes a new ``--mib`` MiB file in the t
 and deletes it, the next at once or after the idle time. Reports the medians (ms per GiB,
 microseconds per page) and their ratio, with the machine.
 
-Why: on this VM memory that no process touched for about two seconds is given back to the
-host (free-page reporting, ``/sys/module/page_reporting``), and the next first touch of each
-page waits for the host. A first run of stoker builds row-major records (0.75 GiB for 2 M W1
+Why: on this VM a page that stayed free for about two seconds costs ~20x more to touch again
+than one freed a moment before; most likely the host has taken it back (the guest kernel
+reports free pages to the host: ``/sys/module/page_reporting``) and the touch waits for the
+host to back it again. A first run of stoker builds row-major records (0.75 GiB for 2 M W1
 rows) and saves them, and every page of both is such a page; the pyarrow baseline reuses one
 row group's arrays. Read first-run figures in bench/RESULTS.md with this cost beside them.
 """
