@@ -192,7 +192,12 @@ def split(sources: list[Path], single: Path, repeats: int) -> dict[str, float]:
     from stoker.loader.order.mixture_order import source_order
     from stoker.loader.order.schedule import rank_batch_ids
 
-    opts = dict(_options("w1"), shuffle=True, seed=0)
+    from stoker.loader import ReadOptions
+
+    # per-shard records at any size: a reader staging rounds of its own order would read the
+    # mixture's ids from the columns ("ids_not_staged"), not compare the streams' locality
+    read = ReadOptions(features=FEATURES, categoricals=CATS, row_major=True)
+    opts = dict(_options("w1"), shuffle=True, seed=0, read=read)
     mixture = Mixture({n: str(p) for n, p in zip(NAMES, sources)})
     loaders = {"mixture": DataLoader(mixture, **opts), "single": DataLoader(single, **opts)}
     for dl in loaders.values():  # untimed warm-up: records built, pages cached

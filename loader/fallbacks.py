@@ -43,6 +43,9 @@ REASONS = {
                          "while 8 saves already wait for the disk (a later run saves them)",
     "index_unstaged": "a list column of indexed Parquet has another width in some row group: "
                       "those batches are read with pyarrow instead of from staged records",
+    "ids_not_staged": "a batch of shuffled samples whose ids lie in more rounds than a rank "
+                      "stages at once (ids a caller chose, not a batch of the loader's order): "
+                      "read from the shards' columns instead of staged records",
     "compiling": "the Numba kernels were still being compiled (a fresh node) or loaded (a "
                  "fresh process): the batch was read with pyarrow, the same bytes the kernels "
                  "write; batches switch to the kernels once they are ready (counted in "

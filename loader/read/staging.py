@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
+from stoker.loader.fallbacks import note
 from stoker.loader.fastpath import kernels as k
 from stoker.loader.jit import executors, fork_gate
 from stoker.loader.jit.search import bucket_index
@@ -305,11 +306,18 @@ class Stager:
         ``most`` rounds (a group of batches: read it batch by batch)."""
         self._check_process()
         order = self.order(epoch, seed)
-        # ids come in position order and a batch's positions are consecutive: its blocks are
-        # those from its first id's to its last id's
+        # the loader's ids come in position order and a batch's positions are consecutive:
+        # its blocks are those from its first id's to its last id's
         first, last = order.block_of(ids[[0, -1]]).tolist()
+        if last < first:  # not in position order: ids a caller chose
+            blocks = order.block_of(ids)
+            first, last = int(blocks.min()), int(blocks.max())
         if most is not None and last - first >= most:
             return None
+        if last - first >= self._capacity:  # staging them would wait for a free buffer forever
+            note("ids_not_staged", f"batch of {len(ids)} samples from rounds {first}-{last} "
+                                   f"of epoch {epoch} (at most {self._capacity} are staged)")
+            return {}, np.arange(len(ids), dtype=np.int64)
         keys = [(epoch, seed, b) for b in range(first, last + 1)]
         rounds = self._hold(order, keys)
         try:

@@ -179,6 +179,35 @@ def test_dataloader_passes_row_major(dataset: Manifest) -> None:
     assert epoch(True) == epoch(False) == epoch("auto") == epoch("staged")
 
 
+def test_a_staged_source_reads_ids_outside_its_order_from_the_columns(
+        dataset: Manifest) -> None:
+    """Ids a caller chose (reversed, or spread over every round of the epoch) read through a
+    staged source: the same bytes as the columns give; a batch spanning more rounds than are
+    staged is the named fallback (it raised, or waited for a buffer forever, before)."""
+    from stoker.loader import ShuffleOptions, fallbacks
+
+    loader = DataLoader(dataset, batch_size=16, seed=3,
+                        shuffle=ShuffleOptions(partitions=2, block_size=8),
+                        read=ReadOptions(features=FEATS, categoricals=CATS, row_major="staged"))
+    staged = loader._source
+    assert staged.stager is not None and staged.stager.order(0, 3).blocks_per_partition() > 4
+    ref = ArrowSource(dataset, features=FEATS, categoricals=CATS, row_major=False)
+    order = staged.stager.order(0, 3)
+    in_order = order.ids(0, 16)
+    spread = order.ids(0, order.num_samples)[::7]
+    with fallbacks.collecting() as noted:
+        got = [_bytes(staged.fetch(ids, 0, 3)) for ids in (in_order, in_order[::-1], spread)]
+    want = [_bytes(ref.fetch(ids, 0, 3)) for ids in (in_order, in_order[::-1], spread)]
+    assert got == want
+    assert list(noted) == ["ids_not_staged"]
+    flipped = dict(want[2])
+    dtype, shape, raw = flipped["id"]
+    flipped["id"] = (dtype, shape, bytes([raw[0] ^ 1]) + raw[1:])
+    assert got[2] != flipped  # the comparison can fail
+    loader.close()
+    ref.close()
+
+
 def test_auto_builds_no_copies_in_forked_workers(dataset: Manifest) -> None:
     for mode, expected in (("auto", 0), (True, sum(SHARD_BYTES))):
         src = ArrowSource(dataset, features=FEATS, categoricals=CATS, row_major=mode)
