@@ -191,11 +191,12 @@ class ArrowSource:
         fastest; beyond it, rounds are staged (a bounded working set at any size)."""
         if self._records_mode < 0:
             return True
-        stride = self._stride
-        # half the budget: records are reserved per open shard, and a dataset whose records
-        # only just fit was measured to keep part of its shards on the column path (5 M W1
-        # rows, 1.96 GB of records, 2 GiB budget: 1.1 GB built, 0.19 M rows/s)
-        return int(self.shard_rows.sum()) * stride <= self._records_mode // 2
+        # The whole budget: 5 M W1 rows (1.96 GB of records, 2 GiB budget) build every shard's
+        # records, with 0 workers and with 2 thread or process workers, and read 5-7 M rows/s
+        # on later epochs against 3-4 M from staged rounds (bench/RESULTS.md, session 16).
+        # Until then only half the budget was used, after such a dataset had kept 1.1 GB of
+        # records and read the rest from its columns (0.19 M rows/s) in an older build.
+        return int(self.shard_rows.sum()) * self._stride <= self._records_mode
 
     @property
     def stager(self) -> Stager | None:
