@@ -46,6 +46,11 @@ REASONS = {
     "ids_not_staged": "a batch of shuffled samples whose ids lie in more rounds than a rank "
                       "stages at once (ids a caller chose, not a batch of the loader's order): "
                       "read from the shards' columns instead of staged records",
+    "mixture_unstaged": "a shuffled mixture whose row-major records exceed the records budget "
+                        "(min(2 GiB, RAM / 4)): mixtures do not stage rounds yet, so the rows "
+                        "of the shards left without records are read from their columns, "
+                        "several times slower than a staged dataset of the same rows; "
+                        "ReadOptions(row_major=True) lifts the budget where memory allows",
     "compiling": "the Numba kernels were still being compiled (a fresh node) or loaded (a "
                  "fresh process): the batch was read with pyarrow, the same bytes the kernels "
                  "write; batches switch to the kernels once they are ready (counted in "

@@ -198,6 +198,13 @@ class ArrowSource:
         # records and read the rest from its columns (0.19 M rows/s) in an older build.
         return int(self.shard_rows.sum()) * self._stride <= self._records_mode
 
+    def records_over_budget(self) -> tuple[int, int] | None:
+        """``(bytes of every shard's records, the records budget)`` when the records exceed
+        the budget (a shuffled order then stages rounds, :meth:`stage`), else ``None``."""
+        if self._plan is None or self._records_mode <= 0 or self._records_fit():
+            return None
+        return int(self.shard_rows.sum()) * self._stride, self._records_mode
+
     @property
     def stager(self) -> Stager | None:
         """The staging of shuffled rounds, when :meth:`stage` enabled it."""

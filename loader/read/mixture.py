@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from stoker.loader.fallbacks import note
 from stoker.loader.read.arrow import ArrowSource
 from stoker.loader.jit.kernel import kernel
 from stoker.loader.order.mixture import Mixture, MixtureError
@@ -146,6 +147,24 @@ class MixtureSource:
                                                [m.fingerprint for m in self.mixture.manifests],
                                                seed, options)
         return MixtureOrder(self.mixture, passes, epoch)
+
+    def stage(self, options: OrderOptions, rank: int, world_size: int) -> bool:
+        """Mixtures stage no rounds yet (a mixture's rounds would follow every source's pass
+        order at once): a shuffled mixture whose readers' records exceed the records budget
+        reads the rows of the shards left without records from their columns, at a fraction
+        of the staged rate (3 W1 sources, 600 k rows, budget 128 MiB: ~1.0 M rows/s against
+        3-4 M for the same rows as one staged dataset). Never silently: the counted, logged
+        fallback ``"mixture_unstaged"`` names the reader, its records and the budget."""
+        if not options.shuffle:
+            return False
+        names = ["all"] if self.union else list(self.mixture.names)
+        for name, reader in zip(names, self.readers):
+            over = reader.records_over_budget()
+            if over is not None:
+                note("mixture_unstaged", f"mixture {self.mixture.names} reader {name!r}: "
+                                         f"{over[0]} bytes of row-major records, budget "
+                                         f"{over[1]} bytes")
+        return False
 
     # -- reading --------------------------------------------------------------------------------
     def fetch(self, ids: np.ndarray, epoch: int = 0, seed: int = 0) -> dict[str, Any]:
