@@ -193,7 +193,8 @@ def test_a_staged_source_reads_ids_outside_its_order_from_the_columns(
     assert staged.stager is not None and staged.stager.order(0, 3).blocks_per_partition() > 4
     ref = ArrowSource(dataset, features=FEATS, categoricals=CATS, row_major=False)
     order = staged.stager.order(0, 3)
-    in_order = order.ids(0, 16)
+    in_order = order.ids(0, 32)  # rounds 0 and 1 (partitions of 8-row blocks)
+    assert order.block_of(in_order[[0, -1]]).tolist() == [0, 1]
     spread = order.ids(0, order.num_samples)[::7]
     with fallbacks.collecting() as noted:
         got = [_bytes(staged.fetch(ids, 0, 3)) for ids in (in_order, in_order[::-1], spread)]
