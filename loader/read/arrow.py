@@ -191,11 +191,10 @@ class ArrowSource:
         fastest; beyond it, rounds are staged (a bounded working set at any size)."""
         if self._records_mode < 0:
             return True
-        # The whole budget: 5 M W1 rows (1.96 GB of records, 2 GiB budget) build every shard's
-        # records, with 0 workers and with 2 thread or process workers, and read 5-7 M rows/s
-        # on later epochs against 3-4 M from staged rounds (bench/RESULTS.md, session 16).
-        # Until then only half the budget was used, after such a dataset had kept 1.1 GB of
-        # records and read the rest from its columns (0.19 M rows/s) in an older build.
+        # the whole budget: 5 M W1 rows (1.96 GB of records, 2 GiB) build them all and read
+        # 5-7 M rows/s on later epochs against 3-4 M staged; a node's first epoch is slower
+        # (bench/RESULTS.md, "Workers (5,000,000 W1 rows)"). Half was used after a build at
+        # f259aef kept only 1.1 GB of them (0.19 M rows/s); today's builds all, any workers.
         return int(self.shard_rows.sum()) * self._stride <= self._records_mode
 
     def records_over_budget(self) -> tuple[int, int] | None:
