@@ -2,8 +2,9 @@
 
 One command (``.venv/bin/python bench/mixture_bench.py``) builds the data once under
 ``--workdir`` and, in this one process, alternates the mixture and the single-source loader
-``--repeats`` times per case (medians reported, each after one untimed warm-up epoch that
-builds the row-major records and warms the page cache), then measures the blend alone.
+``--repeats`` times per case; each loader reads one untimed warm-up epoch (it builds the
+row-major records and warms the page cache), then ``--epochs`` timed ones, whose median is
+its rate; the medians of those are reported. Then it measures the blend alone.
 
 * **W1**: three W1-shaped tabular sources (64 float32, 8 int64, list<float32>[16], int64
   label; ``--rows`` rows split 1:2:3), batch 1024, shuffle on, outputs features [B,64],
@@ -53,8 +54,10 @@ SPLIT = (1, 2, 3)
 NOTES = """\
 - The three sources share one schema and are local, so the mixture reads every batch with one
   reader over the union of their shards (stoker.loader.read.mixture_union): the read code is
-  a single dataset's, and it reads the mixture's ids about as fast as its own (the "reads"
-  rows: the stream's locality). What the mixture adds is its order: the blend (positions/s
+  a single dataset's. Its reads of the mixture's ids (the "reads" rows: the same rows in
+  another order, so the stream's locality) cost about what its own did at 9e1e2f8, and
+  12-40 % more in session 16's four runs (the mixture's batches span three sources' shards).
+  What the mixture adds is its order: the blend (positions/s
   below) and each source's own pass order over its picks (one range kernel call per source
   and pass, then two O(window) kernels place the ids; the `source` column is one kernel pass
   over a batch's ids), computed 64 k positions at a time on a background thread
@@ -64,9 +67,12 @@ NOTES = """\
   the process's CPU, both threads. Its sources' partitions are shorter than a block (100-300
   k rows over P = 360), where a Feistel walk takes more steps, so an id costs more than one
   dataset's.
-- With 0 workers that order runs on the otherwise idle second core. With 2 thread workers
-  every core is busy, and the mixture's extra order CPU (~10 ms per epoch more than the single
-  source's ids, which the consumer cuts from 16 k chunks since 1f5d472) is the gap. Thread
+- With 0 workers that order runs on the second core, beside the consumer, whose Python it
+  holds up at each of its own Python steps (one per source and pass of a chunk); with 2
+  thread workers every core is busy. Either way the mixture's extra order CPU (~8-10 ms per
+  epoch more than the single source's ids, which the consumer cuts from 16 k chunks since
+  1f5d472) is the gap. Until session 16 this command timed one epoch per loader, and read
+  96-112 % with 0 workers; the median of 5 epochs per loader reads lower. Thread
   workers read 8 batches per task since 1f5d472 (one record gather, bench/RESULTS.md
   "Workers and the GIL"), the mixture as the single source: both read about twice as fast
   with 2 workers as in this table at 9e1e2f8 (mixture 3,872,984 rows/s, single 4,276,190),
@@ -75,8 +81,8 @@ NOTES = """\
 - A group's `"source"` column is one kernel call that now keeps the GIL
   (`stoker.loader.jit.kernel.gil_kernel`): released, the worker thread waited to get it
   back from the other threads' Python after a few microseconds of work (py-spy: ~25 ms of
-  an epoch's ~80 ms at that line). Two runs of this command with it: 82 %, then 85 % (this
-  table).
+  an epoch's ~80 ms at that line). Two runs of this command with it, one epoch per loader:
+  82 %, then 85 %.
 - Until 81e3b5b the consumer computed each chunk itself when a batch crossed into it
   (~1.3 ms): with prefetch_factor 2, two workers' queue held ~0.6 ms of work, so every chunk
   drained it (W1 mixture at 2 workers: 83 % of the single source; 101 % with
@@ -157,30 +163,33 @@ def _options(workload: str) -> dict[str, Any]:
                 read=ReadOptions(image=ImageOptions("jpg", size=(64, 64))))
 
 
-def _epoch_rate(make: Callable[[], Any]) -> float:
-    """Rows/s of the second epoch of a fresh loader (the first is the untimed warm-up)."""
+def _epoch_rate(make: Callable[[], Any], epochs: int) -> float:
+    """Median rows/s of epochs 1..``epochs`` of a fresh loader (epoch 0 is the untimed
+    warm-up): one W1 epoch of 600 k rows lasts ~0.1 s here, as long as the machine's swings."""
     dl = make()
     for _ in dl:
         pass
-    dl.set_epoch(1)
-    rows, t0 = 0, time.perf_counter()
-    for batch in dl:
-        rows += len(batch["label"])
-    rate = rows / (time.perf_counter() - t0)
+    rates = []
+    for epoch in range(1, epochs + 1):
+        dl.set_epoch(epoch)
+        rows, t0 = 0, time.perf_counter()
+        for batch in dl:
+            rows += len(batch["label"])
+        rates.append(rows / (time.perf_counter() - t0))
     dl.close()
-    return rate
+    return statistics.median(rates)
 
 
 def run_pair(sources: list[Path], single: Path, workload: str, workers: int,
-             repeats: int) -> tuple[float, float]:
+             repeats: int, epochs: int) -> tuple[float, float]:
     from stoker.loader import DataLoader, Mixture
 
     opts = dict(_options(workload), shuffle=True, seed=0, num_workers=workers)
     mixture = Mixture({n: str(p) for n, p in zip(NAMES, sources)})  # weights ~ sizes
     mixed, plain = [], []
     for _ in range(repeats):  # alternate, so load changes on the shared machine hit both
-        plain.append(_epoch_rate(lambda: DataLoader(single, **opts)))
-        mixed.append(_epoch_rate(lambda: DataLoader(mixture, **opts)))
+        plain.append(_epoch_rate(lambda: DataLoader(single, **opts), epochs))
+        mixed.append(_epoch_rate(lambda: DataLoader(mixture, **opts), epochs))
     return statistics.median(mixed), statistics.median(plain)
 
 
@@ -192,18 +201,20 @@ def split(sources: list[Path], single: Path, repeats: int) -> dict[str, float]:
     from stoker.loader.order.mixture_order import source_order
     from stoker.loader.order.schedule import rank_batch_ids
 
-    from stoker.loader import ReadOptions
-
-    # per-shard records at any size: a reader staging rounds of its own order would read the
-    # mixture's ids from the columns ("ids_not_staged"), not compare the streams' locality
-    read = ReadOptions(features=FEATURES, categoricals=CATS, row_major=True)
-    opts = dict(_options("w1"), shuffle=True, seed=0, read=read)
+    opts = dict(_options("w1"), shuffle=True, seed=0)
     mixture = Mixture({n: str(p) for n, p in zip(NAMES, sources)})
     loaders = {"mixture": DataLoader(mixture, **opts), "single": DataLoader(single, **opts)}
     for dl in loaders.values():  # untimed warm-up: records built, pages cached
         for _ in dl:
             pass
+    # no shard read from its columns while timed (and records, not staged rounds: a reader
+    # staging its own order's rounds reads the mixture's ids from the columns)
     reader = loaders["single"]._source
+    reader.wait_row_major()
+    if reader.stager is not None:
+        raise SystemExit(f"--rows {int(reader.shard_rows.sum())}: the single source's records "
+                         "exceed the records budget, so its reads of the mixture's ids would "
+                         "come from the columns; use fewer rows")
     times: dict[str, list[float]] = {}
     for epoch in range(1, repeats + 1):
         ids = {}
@@ -270,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=600_000)
     ap.add_argument("--images", type=int, default=12_000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=5, help="timed epochs per loader (median)")
     ap.add_argument("--workers", default="0,2", help="comma-separated thread worker counts")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/stoker-mixture-bench"))
     ap.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
@@ -279,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     for workload, (sources, single) in data.items():
         for workers in (int(w) for w in args.workers.split(",")):
             results[(workload, workers)] = run_pair(sources, single, workload, workers,
-                                                    args.repeats)
+                                                    args.repeats, args.epochs)
             mixed, plain = results[(workload, workers)]
             print(f"{workload} workers={workers}: mixture {mixed:,.0f} rows/s, single "
                   f"{plain:,.0f} rows/s ({100 * mixed / plain:.0f} %)", flush=True)
@@ -289,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     cmd = "`.venv/bin/python bench/mixture_bench.py " + " ".join(argv or sys.argv[1:]) + "`"
     header = (f"{cmd.replace(' `', '`')} on {platform.machine()}, {os.cpu_count()} CPUs, Python "
-              f"{platform.python_version()}: medians of {args.repeats} alternating runs, "
+              f"{platform.python_version()}: medians of {args.repeats} alternating loaders, each "
+              f"the median of its epochs 1-{args.epochs}, "
               f"rows split 1:2:3 over sources a, b, c (W1 {args.rows:,} rows, images "
               f"{args.images:,}). Taken on a machine shared with other work (numbers move "
               "with its load).")
