@@ -204,17 +204,15 @@ def split(sources: list[Path], single: Path, repeats: int) -> dict[str, float]:
     opts = dict(_options("w1"), shuffle=True, seed=0)
     mixture = Mixture({n: str(p) for n, p in zip(NAMES, sources)})
     loaders = {"mixture": DataLoader(mixture, **opts), "single": DataLoader(single, **opts)}
+    reader = loaders["single"]._source
+    if reader.stager is not None:  # it would read the mixture's ids from the columns
+        raise SystemExit(f"--rows {int(reader.shard_rows.sum())}: the single source's records "
+                         "exceed the records budget, so it stages rounds of its own order; "
+                         "use fewer rows")
     for dl in loaders.values():  # untimed warm-up: records built, pages cached
         for _ in dl:
             pass
-    # no shard read from its columns while timed (and records, not staged rounds: a reader
-    # staging its own order's rounds reads the mixture's ids from the columns)
-    reader = loaders["single"]._source
-    reader.wait_row_major()
-    if reader.stager is not None:
-        raise SystemExit(f"--rows {int(reader.shard_rows.sum())}: the single source's records "
-                         "exceed the records budget, so its reads of the mixture's ids would "
-                         "come from the columns; use fewer rows")
+    reader.wait_row_major()  # no shard read from its columns while timed
     times: dict[str, list[float]] = {}
     for epoch in range(1, repeats + 1):
         ids = {}

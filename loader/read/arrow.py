@@ -195,14 +195,19 @@ class ArrowSource:
         # 5-7 M rows/s on later epochs against 3-4 M staged; a node's first epoch is slower
         # (bench/RESULTS.md, "Workers (5,000,000 W1 rows)"). Half was used after a build at
         # f259aef kept only 1.1 GB of them (0.19 M rows/s); today's builds all, any workers.
-        return int(self.shard_rows.sum()) * self._stride <= self._records_mode
+        return self._records_bytes <= self._records_mode
+
+    @functools.cached_property
+    def _records_bytes(self) -> int:
+        """Bytes of every shard's records."""
+        return int(self.shard_rows.sum()) * self._stride
 
     def records_over_budget(self) -> tuple[int, int] | None:
         """``(bytes of every shard's records, the records budget)`` when the records exceed
         the budget (a shuffled order then stages rounds, :meth:`stage`), else ``None``."""
         if self._plan is None or self._records_mode <= 0 or self._records_fit():
             return None
-        return int(self.shard_rows.sum()) * self._stride, self._records_mode
+        return self._records_bytes, self._records_mode
 
     @property
     def stager(self) -> Stager | None:

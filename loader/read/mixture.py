@@ -121,6 +121,7 @@ class MixtureSource:
         self._passes: PassOrders | None = None
         named = reader_manifests(mixture) if named is None else named
         self.union = len(named) == 1  # mixture ids are then the one reader's global ids
+        self._reader_names = [name for name, _ in named]
         try:
             for name, manifest in named:
                 try:
@@ -157,8 +158,7 @@ class MixtureSource:
         fallback ``"mixture_unstaged"`` names the reader, its records and the budget."""
         if not options.shuffle:
             return False
-        names = ["all"] if self.union else list(self.mixture.names)
-        for name, reader in zip(names, self.readers):
+        for name, reader in zip(self._reader_names, self.readers):
             over = reader.records_over_budget()
             if over is not None:
                 note("mixture_unstaged", f"mixture {self.mixture.names} reader {name!r}: "
