@@ -65,10 +65,11 @@ REASONS = {
     "group_retried": "several batches read by one record gather (a thread worker's group, "
                      "stoker.loader.read.arrow.ArrowSource.fetch_group) raised: each batch was "
                      "read again on its own, so a failure is raised at its own batch",
-    "batch_copied": "the caller held more batches of one worker process at once than its "
-                    "shared-memory ring lends (stoker.loader.workers.transport.LEASES, e.g. "
-                    "list(loader)): further batches were copied out of the ring instead of "
-                    "handed out in place, ~65 us of CPU per 400 KB batch",
+    "batch_copied": "the caller held batches from more slots of one worker process's "
+                    "shared-memory ring at once than it lends (stoker.loader.workers.transport"
+                    ".LEASES slots, a group task's batches share one; e.g. list(loader)): "
+                    "further batches were copied out of the ring instead of handed out in "
+                    "place, ~65 us of CPU per 400 KB batch",
     "open_ahead_failed": "the loader's own process could not open a shard ahead for its "
                          "process workers (to build the shard's records for them): nothing "
                          "else changes; the worker that reads the shard's rows meets the same "

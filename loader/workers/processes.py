@@ -31,7 +31,7 @@ from stoker.loader.jit import fork_gate
 from stoker.loader.jit.kernel import materialize
 from stoker.loader.workers.failure import WorkerFailure
 from stoker.loader.workers.info import WorkerContext
-from stoker.loader.workers.transport import IN_FLIGHT, LEASES, Ring, dumps
+from stoker.loader.workers.transport import IN_FLIGHT, LEASES, Answers, Ring, dumps
 from stoker.loader.workers.pool import (INIT, Task, WorkerPool, WorkerSetup, batch_name,
                                         drop_stale, first_ready, late, run_group, run_init,
                                         run_task)
@@ -69,10 +69,27 @@ def _process_main(fn: Task, tasks: Any, results: Any, context: WorkerContext,
         if item is None:
             return
         seq, payload = item
-        done = run_group(fn, seq, payload, where, local=False) if isinstance(seq, list) \
-            else [(seq, run_task(fn, payload, where, local=False))]
-        for one in done:  # each batch of a group as soon as it is finished
-            results.send_bytes(dumps(one) if ring is None else ring.put(one))
+        if not isinstance(seq, list):
+            results.send_bytes(_put(ring, (seq, run_task(fn, payload, where, local=False))))
+            continue
+        plain: list[tuple[Any, Any]] = []  # a group's plain answers go over as one message
+        for one in run_group(fn, seq, payload, where, local=False):
+            arrays = None if ring is None else ring.plain(one)
+            if arrays is not None:
+                plain.append((one, arrays))
+                continue
+            for earlier, _ in plain:  # in order
+                results.send_bytes(_put(ring, earlier))
+            plain = []
+            results.send_bytes(_put(ring, one))
+        if plain:
+            raw = ring.put_group(plain)  # type: ignore[union-attr]
+            for message in [raw] if raw is not None else [_put(ring, o) for o, _ in plain]:
+                results.send_bytes(message)
+
+
+def _put(ring: Ring | None, one: Any) -> bytes:
+    return dumps(one) if ring is None else ring.put(one)
 
 
 def quiet_for_forks() -> Any:
@@ -266,9 +283,9 @@ class ProcessPool(WorkerPool):
     def _receive(self, w: _Proc, current: Any, deadline: float | None) -> None:
         """Read one result of ``w`` (data or EOF is ready)."""
         try:
-            key, value = _loads(w.results.recv_bytes(), w.ring, deadline,
-                                late(current, self._timeout) + " (a worker stopped while "
-                                "handing over a batch)")
+            got = _loads(w.results.recv_bytes(), w.ring, deadline,
+                         late(current, self._timeout) + " (a worker stopped while handing "
+                         "over a batch)")
         except LoaderTimeoutError:
             raise
         except (EOFError, OSError, RuntimeError, pickle.UnpicklingError):
@@ -278,12 +295,13 @@ class ProcessPool(WorkerPool):
                 w.process.join()
             self._restart(w)
             return
-        w.taken.pop(key, None)
-        if key == INIT:
-            value.reraise("its first batch (in worker_init_fn)")
-        if isinstance(key, tuple) and isinstance(current, tuple) and key[0] < current[0]:
-            return  # an abandoned iteration's batch
-        self._results[key] = value
+        for key, value in got if isinstance(got, Answers) else [got]:
+            w.taken.pop(key, None)
+            if key == INIT:
+                value.reraise("its first batch (in worker_init_fn)")
+            if isinstance(key, tuple) and isinstance(current, tuple) and key[0] < current[0]:
+                continue  # an abandoned iteration's batch
+            self._results[key] = value
 
     def _restart(self, w: _Proc) -> None:
         code, pid = w.process.exitcode, w.process.pid

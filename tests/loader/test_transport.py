@@ -7,7 +7,7 @@ holds another batch than announced is an error, never a wrong batch."""
 from __future__ import annotations
 
 from multiprocessing.reduction import ForkingPickler
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 import torch.multiprocessing  # noqa: F401 - registers torch's reductions on ForkingPickler
 
 from stoker.loader.fallbacks import collecting, drain
-from stoker.loader.workers.transport import BY_BYTES_MAX, SLOT_BYTES, Ring, RingError, dumps
+from stoker.loader.workers.transport import (BY_BYTES_MAX, SLOT_BYTES, Answers, Ring, RingError,
+                                             dumps)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -244,5 +245,49 @@ def test_plain_answers_held_past_the_leases_are_copies_and_stay_intact() -> None
     for i, (key, answer) in enumerate(held):
         assert key == i and torch.equal(answer.batch["x"], torch.full((1000,), float(i)))
     del held, answer
+    assert ring._state.tolist() == [0, 0, 0, 0]
+    ring.close()
+
+
+def _group(ring: Ring, n: int, rows: int = 1000) -> list[tuple[Any, Any]]:
+    items = [((0, i), Answer({"x": torch.full((rows,), float(i)), "i": torch.tensor([i])},
+                             [i], {})) for i in range(n)]
+    return [(item, ring.plain(item)) for item in items]
+
+
+def test_a_group_of_plain_answers_is_one_message_and_shares_one_lent_slot() -> None:
+    ring = Ring(slots=2, slot_bytes=1 << 20, leases=2)
+    raw = ring.put_group(_group(ring, 8))
+    assert raw is not None and raw[:1] == b"G" and len(raw) < 2048
+    back = ring.loads(raw)
+    assert isinstance(back, Answers) and [key for key, _ in back] == [(0, i) for i in range(8)]
+    for i, (_, answer) in enumerate(back):
+        assert answer.content == [i] and list(answer.batch) == ["x", "i"]
+        assert _same(answer.batch["x"], torch.full((1000,), float(i)))
+        assert _same(answer.batch["i"], torch.tensor([i]))
+    assert ring._state.tolist() == [2, 0, 0, 0]  # one slot, lent
+    last = back[-1][1].batch["i"]
+    del back, answer
+    assert ring._state.tolist() == [2, 0, 0, 0]  # a tensor of one batch keeps the group's slot
+    del last
+    assert ring._state.tolist() == [0, 0, 0, 0]
+    ring.close()
+
+
+def test_a_group_that_does_not_fit_a_slot_is_refused(ring: Ring) -> None:
+    assert ring.put_group(_group(ring, 8, rows=40_000)) is None  # 1.28 MB > 1 MiB slot
+    assert ring._state.tolist() == [0, 0, 0]  # nothing claimed
+
+
+def test_groups_held_past_the_leases_are_copied_batch_by_batch() -> None:
+    ring = Ring(slots=2, slot_bytes=1 << 20, leases=2)
+    drain()
+    with collecting() as noted:
+        held = [ring.loads(ring.put_group(_group(ring, 4))) for _ in range(3)]
+    assert noted["batch_copied"][0] == 4 and ring._state.tolist() == [2, 2, 0, 0]
+    for group in held:
+        for i, (_, answer) in enumerate(group):
+            assert _same(answer.batch["x"], torch.full((1000,), float(i)))
+    del held, group, answer
     assert ring._state.tolist() == [0, 0, 0, 0]
     ring.close()

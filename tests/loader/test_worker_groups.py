@@ -14,6 +14,7 @@ import torch
 
 from stoker.loader import DataLoader, ReadOptions, WorkerError, WorkerOptions
 from stoker.loader.read.arrow import ArrowSource
+from stoker.loader.workers.transport import LEASES
 
 COLUMNS = ["id", "x", "y"]  # fixed widths: every output is served from records
 
@@ -24,7 +25,8 @@ def _raw(batch: dict[str, Any]) -> list[tuple[str, str, tuple[int, ...], bytes]]
 
 def _loader(path: Path, **kw: Any) -> DataLoader:
     kw.setdefault("read", ReadOptions(row_major=True))
-    return DataLoader(str(path), batch_size=16, columns=COLUMNS, seed=5, **kw)
+    kw.setdefault("batch_size", 16)
+    return DataLoader(str(path), columns=COLUMNS, seed=5, **kw)
 
 
 def _epochs(dl: DataLoader, epochs: int) -> list[Any]:
@@ -223,24 +225,24 @@ def test_persistent_process_workers_survive_abandoned_iterations(dataset: Path) 
 
 def test_process_workers_lend_batches_and_copy_those_held_past_their_leases(
         dataset: Path) -> None:
-    """Process workers' batches view their shared-memory slots: a loop that drops each batch
-    copies none, and a caller that keeps every batch (``list(loader)``) keeps them intact
-    while the workers go on writing; past each ring's leases the batches are copies
-    (counted)."""
-    ref = _loader(dataset, shuffle=True)
+    """Process workers' batches view their shared-memory slots (a group's batches one slot):
+    a loop that drops each batch copies none, and a caller that keeps every batch
+    (``list(loader)``) keeps them intact while the workers go on writing; past each ring's
+    leases the batches are copies (counted)."""
+    ref = _loader(dataset, shuffle=True, batch_size=4)
     want = _epochs(ref, 2)
     ref.close()
-    dl = _loader(dataset, shuffle=True, num_workers=2, workers=WorkerOptions(mode="process"),
-                 persistent_workers=True)
+    dl = _loader(dataset, shuffle=True, batch_size=4, num_workers=2,
+                 workers=WorkerOptions(mode="process"), persistent_workers=True)
     dl.set_epoch(0)
     got = [_raw(b) for b in dl]
     assert "batch_copied" not in dl.stats.fallbacks
     dl.set_epoch(1)
-    held = list(dl)
+    held = list(dl)  # 154 batches in groups of 8: more than 2 rings x 8 leased slots
     for batch in held[:3]:  # the caller's to write: no other batch changes
         batch["x"].fill_(0)
     got += [_raw(b) for b in held[3:]]
     copied = dl.stats.fallbacks["batch_copied"]
     dl.close()
-    assert 0 < copied <= len(held) - 2  # each ring lent slots before it copied
+    assert 0 < copied <= len(held) - 2 * LEASES  # each ring lent its slots before it copied
     assert got == want[:len(want) - len(held)] + want[len(want) - len(held) + 3:]
