@@ -65,18 +65,20 @@ class BatchTask:
             batch, digests = self.fetch(ids, epoch, seed)
         return Delivered(self.finish(batch, ids, epoch, seed), digests, noted)
 
-    def many(self, payloads: list[tuple[Any, int, int]]) -> list[Callable[[], Delivered]]:
+    def many(self, payloads: list[tuple[Any, int, int]], into: Any = None
+             ) -> list[Callable[[], Delivered]]:
         """One delivery per payload, as calls that finish it: the batches' fetch runs here,
         as one group where the source can (``fetch_group``: one record gather for all of
-        them); what is left of each (``collate``, ``transform``; or its whole fetch, when
-        the group cannot be read at once) runs in its call, so a failure belongs to its own
-        batch. Only for sources with ``group_rows`` (stoker.loader.dataloader groups no
-        other)."""
+        them, into the buffer slot ``into`` when given); what is left of each (``collate``,
+        ``transform``; or its whole fetch, when the group cannot be read at once) runs in
+        its call, so a failure belongs to its own batch. Only for sources with
+        ``group_rows`` (stoker.loader.dataloader groups no other)."""
         _, epoch, seed = payloads[0]  # one pass: one epoch and seed
         digest = None if self.content is None else self._digests
         try:
             with collecting() as noted:
-                got = self.source.fetch_group([p[0] for p in payloads], epoch, seed, digest)
+                got = self.source.fetch_group([p[0] for p in payloads], epoch, seed, digest,
+                                              into)
         except (StokerError, OSError) as exc:  # each batch is read again on its own
             note("group_retried", f"batches of samples {payloads[0][0][:8].tolist()}...: "
                                   f"{type(exc).__name__}: {exc}")

@@ -384,7 +384,8 @@ class ArrowSource:
                              self.image)
 
     def fetch_group(self, batches: Sequence[np.ndarray], epoch: int, seed: int,
-                    digest: Digest | None) -> list[tuple[dict[str, Any], Any]] | None:
+                    digest: Digest | None, into: Any = None
+                    ) -> list[tuple[dict[str, Any], Any]] | None:
         """:meth:`fetch_digested` of several batches from one record gather, or ``None``
         when they cannot be served that way (the caller then fetches them one by one).
 
@@ -394,8 +395,11 @@ class ArrowSource:
         One gather for several batches makes the nogil part long enough for two workers to
         overlap. Served only when every output of every row comes from row-major records or
         from staged rounds (fixed widths: each batch is a row slice of the group, bitwise
-        what :meth:`fetch_digested` gives); batches are views of one ring slot. A group of
-        staged rows holds at most two rounds at once, as a batch across a round's end does.
+        what :meth:`fetch_digested` gives); batches are views of one ring slot, or of
+        ``into`` when given (a process worker's shared-memory slot,
+        stoker.loader.workers.transport.Region: the consumer reads the batches there). A
+        group of staged rows holds at most two rounds at once, as a batch across a round's
+        end does.
         """
         plan, table, stager = self._plan, self._records, self._stager
         if plan is None or len(batches) < 2 or self.numba_free or not warm.ready(*self._warm) or \
@@ -407,7 +411,7 @@ class ArrowSource:
             return None
         sizes = [len(b) for b in batches]
         ids = np.concatenate([np.asarray(b, dtype=np.int64) for b in batches])
-        slot = self._ring.acquire()
+        slot = self._ring.acquire() if into is None else into
         try:
             try:  # at most the two rounds a batch across a round's end holds
                 got = self._gather_opening(ids, slot) if stager is None \
@@ -432,7 +436,8 @@ class ArrowSource:
             self.batches_grouped += len(out)
             return out
         finally:
-            self._ring.release(slot)
+            if into is None:
+                self._ring.release(slot)
 
     def _gather_twins(self, ids: np.ndarray, slot: Any) -> tuple[dict[str, np.ndarray],
                                                                   list[Any], list[Any]]:

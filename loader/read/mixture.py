@@ -218,7 +218,7 @@ class MixtureSource:
         return self.readers[0].group_rows if self.union else 0
 
     def fetch_group(self, batches: Sequence[np.ndarray], epoch: int, seed: int,
-                    digest: Any) -> list[tuple[dict[str, Any], Any]] | None:
+                    digest: Any, into: Any = None) -> list[tuple[dict[str, Any], Any]] | None:
         """:meth:`fetch_digested` of several batches from the shared reader's one record
         gather (ArrowSource.fetch_group), each with its ``"source"``; ``None`` when they
         cannot be read at once."""
@@ -236,7 +236,7 @@ class MixtureSource:
             return digest(batch, arrays)
 
         got = self.readers[0].fetch_group(batches, epoch, seed,
-                                          None if digest is None else with_source)
+                                          None if digest is None else with_source, into)
         if got is None:
             return None
         for (batch, _), column in zip(got, columns):

@@ -12,6 +12,7 @@ a :class:`~stoker.loader.workers.failure.WorkerFailure` and is re-raised with it
 from __future__ import annotations
 
 import abc
+import functools
 import queue
 import sys
 import threading
@@ -71,11 +72,12 @@ def _call(fn: Callable[[], Any]) -> Any:
 
 
 def run_group(fn: Any, seqs: list[Any], payloads: list[Any], where: str,
-              local: bool) -> Iterator[tuple[Any, Any]]:
+              local: bool, into: Any = None) -> Iterator[tuple[Any, Any]]:
     """``(seq, result)`` of each batch of a group task (``submit_group``), as soon as it is
     finished: the group is read by ``fn.many`` (stoker.loader.epoch_iter.BatchTask.many),
-    and a failure belongs to its own batch (all of them when the group read itself fails)."""
-    calls = run_task(fn.many, payloads, where, local)
+    into the buffer slot ``into`` when given, and a failure belongs to its own batch (all of
+    them when the group read itself fails)."""
+    calls = run_task(functools.partial(fn.many, into=into), payloads, where, local)
     if isinstance(calls, WorkerFailure):
         calls = [calls] * len(seqs)
     for seq, call in zip(seqs, calls):

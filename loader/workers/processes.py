@@ -72,20 +72,28 @@ def _process_main(fn: Task, tasks: Any, results: Any, context: WorkerContext,
         if not isinstance(seq, list):
             results.send_bytes(_put(ring, (seq, run_task(fn, payload, where, local=False))))
             continue
-        plain: list[tuple[Any, Any]] = []  # a group's plain answers go over as one message
-        for one in run_group(fn, seq, payload, where, local=False):
-            arrays = None if ring is None else ring.plain(one)
-            if arrays is not None:
-                plain.append((one, arrays))
-                continue
-            for earlier, _ in plain:  # in order
-                results.send_bytes(_put(ring, earlier))
-            plain = []
-            results.send_bytes(_put(ring, one))
-        if plain:
-            raw = ring.put_group(plain)  # type: ignore[union-attr]
+        # a group is gathered into a slot of the ring and its plain answers go over as one
+        # message; the slot is given back unless that message refers to it
+        region = None if ring is None else ring.borrow()
+        try:
+            plain: list[tuple[Any, Any]] = []
+            for one in run_group(fn, seq, payload, where, local=False, into=region):
+                arrays = None if ring is None else ring.plain(one)
+                if arrays is not None:
+                    plain.append((one, arrays))
+                    continue
+                for earlier, _ in plain:  # in order
+                    results.send_bytes(_put(ring, earlier))
+                plain = []
+                results.send_bytes(_put(ring, one))
+            raw = ring.put_group(plain, region) if plain else None  # type: ignore[union-attr]
+            if raw is not None:
+                region = None  # the consumer's now
             for message in [raw] if raw is not None else [_put(ring, o) for o, _ in plain]:
                 results.send_bytes(message)
+        finally:
+            if region is not None:
+                ring.give_back(region)  # type: ignore[union-attr]
 
 
 def _put(ring: Ring | None, one: Any) -> bytes:
@@ -342,8 +350,11 @@ class ProcessPool(WorkerPool):
             read += [w for w in self._workers if w is not read[0]
                      and any(self._stale(seq) for seq in w.taken)]
         by_conn = {w.results: w for w in read or self._workers}
-        for conn in mp_connection.wait(list(by_conn), timeout=_POLL):
+        ready = mp_connection.wait(list(by_conn), timeout=_POLL)
+        for conn in ready:
             self._receive(by_conn[conn], current, deadline)  # type: ignore[index]
+        if ready:  # a worker whose results were read takes its next task now
+            self._dispatch()
         # a dead worker's pipe reads EOF once what it sent is read, so waiting for its batch
         # finds it; the exit codes (a waitpid each) are for the others, every _POLL seconds
         now = time.monotonic()

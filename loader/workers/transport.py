@@ -166,28 +166,54 @@ class Ring:
         else ``None``: what :meth:`put_group` takes with it."""
         return _plain(obj, self.slot_bytes)
 
-    def put_group(self, items: Sequence[tuple[Any, list[tuple[str, np.ndarray]]]]
-                  ) -> bytes | None:
+    def borrow(self) -> Region | None:
+        """A free slot claimed for a worker task's batches to be gathered into (the source
+        takes it as its buffer slot: stoker.loader.read.arrow.ArrowSource.fetch_group), so
+        :meth:`put_group` sends them without copying; ``None`` when no slot is free. The
+        worker hands it to :meth:`put_group` or back with :meth:`give_back`."""
+        slot = self._claim()
+        return None if slot is None else Region(self, slot)
+
+    def give_back(self, region: Region) -> None:
+        """Free a borrowed slot that no message refers to."""
+        self._state[region.slot] = _FREE
+
+    def put_group(self, items: Sequence[tuple[Any, list[tuple[str, np.ndarray]]]],
+                  region: Region | None = None) -> bytes | None:
         """One message for several plain answers (a group task's batches, each with its
-        :meth:`plain` arrays) written into one slot, or ``None`` when they do not fit a slot
-        together or none is free (the caller then :meth:`put`s each).
+        :meth:`plain` arrays) in one slot: ``region``'s when given (arrays already in it
+        stay where they are, the others are copied into it), else a slot claimed here.
+        ``None`` when they do not fit a slot together or none is free (the caller then
+        :meth:`put`s each, and gives ``region`` back).
 
         Per batch, a message cost the worker a pipe write (~30 us) and the consumer a poll,
         a read and a rebuild; with two process workers on two cores the consumer was the
         bound and the workers waited for tasks (W1, 5 M rows, natural order, cProfile: 0.55
         of the workers' 1.86 s in ``poll``). The batches of a group lend the slot together:
         it is free again once the last view of any of them is collected."""
-        arrays = [a for _, plain in items for _, a in plain]
-        sizes = [a.nbytes for a in arrays]
-        offsets = _offsets(sizes)
-        slot = self._claim(len(sizes)) if items and offsets[-1] <= self.slot_bytes else None
-        if slot is None:
-            return None
-        self._write(slot, [a.reshape(-1).view(np.uint8) for a in arrays], offsets, sizes)
-        heads = [(key, type(answer), tuple(answer[1:]),
-                  [(name, a.dtype.str, a.shape) for name, a in plain])
-                 for (key, answer), plain in items]
-        return _GROUP + _PLAIN_HEAD.pack(self._stamp, slot) + pickle.dumps(heads, protocol=5)
+        own = region is None
+        if own:
+            slot = self._claim() if items else None
+            if slot is None:
+                return None
+            region = Region(self, slot)
+        assert region is not None  # noqa: S101
+        heads = []
+        for (key, answer), plain in items:
+            layout = []
+            for name, a in plain:
+                at = region.offset_of(a)
+                if at is None:
+                    at = region.copy_in(a)
+                    if at is None:  # does not fit: nothing refers to the slot
+                        if own:
+                            self.give_back(region)
+                        return None
+                layout.append((name, a.dtype.str, a.shape, at))
+            heads.append((key, type(answer), tuple(answer[1:]), layout))
+        self._stamp_slot(region.slot, sum(len(h[3]) for h in heads))
+        return _GROUP + _PLAIN_HEAD.pack(self._stamp, region.slot) + \
+            pickle.dumps(heads, protocol=5)
 
     def _write(self, slot: int, parts: Sequence[np.ndarray], offsets: Sequence[int],
                sizes: Sequence[int]) -> None:
@@ -228,20 +254,25 @@ class Ring:
                 (key, type(answer), tuple(answer[1:]), layout), protocol=5)
         return _REF + struct.pack(f"<QQQ{len(sizes)}Q", self._stamp, slot, len(sizes), *sizes)
 
-    def _claim(self, count: int) -> int | None:
-        """The lowest free slot, marked written and stamped for ``count`` buffers; ``None``
-        when every slot is in use."""
+    def _claim(self, count: int | None = None) -> int | None:
+        """The lowest free slot, marked written (and stamped for ``count`` buffers when
+        given); ``None`` when every slot is in use."""
         free = np.flatnonzero(self._state == _FREE)
         if not len(free):  # cannot happen while the reader keeps to its limits
             note("ring_full", f"all {self.slots} slots of a worker's ring were in use")
             return None
         slot = int(free[0])
-        self._stamp += 1
         self._state[slot] = _WRITTEN
+        if count is not None:
+            self._stamp_slot(slot, count)
+        return slot
+
+    def _stamp_slot(self, slot: int, count: int) -> None:
+        """Write the header of a slot about to be announced: the next stamp, ``count``."""
+        self._stamp += 1
         base = slot * self.slot_bytes
         self._view[base:base + _HEAD.size] = np.frombuffer(_HEAD.pack(self._stamp, count),
                                                            dtype=np.uint8)
-        return slot
 
     def loads(self, raw: bytes) -> Any:
         """The object behind ``raw`` (a slot reference or a whole pickle). Its buffers view
@@ -252,11 +283,13 @@ class Ring:
             heads = pickle.loads(raw[1 + _PLAIN_HEAD.size:])
             if raw[:1] == _PLAIN:
                 heads = [heads]
-            layouts = [[(name, np.dtype(dtype), shape) for name, dtype, shape in h[3]]
+            layouts = [[(name, np.dtype(dtype), shape) for name, dtype, shape, *_ in h[3]]
                        for h in heads]
-            parts = iter(self._read(stamp, slot, [math.prod(shape) * dt.itemsize
-                                                  for layout in layouts
-                                                  for _, dt, shape in layout], len(heads)))
+            sizes = [math.prod(shape) * dt.itemsize for layout in layouts
+                     for _, dt, shape in layout]
+            ats = [at for h in heads for *_, at in h[3]] if raw[:1] == _GROUP \
+                else _offsets(sizes)[:-1]
+            parts = iter(self._read(stamp, slot, list(zip(ats, sizes)), len(heads)))
             answers = [(key, kind._make([{name: torch.from_numpy(next(parts).view(dt)
                                                                  .reshape(shape))
                                           for name, dt, shape in layout}, *rest]))
@@ -265,16 +298,17 @@ class Ring:
         if raw[:1] != _REF:
             return ForkingPickler.loads(raw)
         stamp, slot, count = struct.unpack_from("<QQQ", raw, 1)
-        parts = self._read(stamp, slot, struct.unpack_from(f"<{count}Q", raw, 25))
+        sizes = struct.unpack_from(f"<{count}Q", raw, 25)
+        parts = self._read(stamp, slot, list(zip(_offsets(sizes)[:-1], sizes)))
         return ForkingPickler.loads(parts[0].tobytes(), buffers=parts[1:])
 
-    def _read(self, stamp: int, slot: int, sizes: Sequence[int], batches: int = 1
+    def _read(self, stamp: int, slot: int, spans: Sequence[tuple[int, int]], batches: int = 1
               ) -> list[np.ndarray]:
-        """The buffers of ``slot`` (``batches`` batches'): views of the lent slot, or copies
-        (the slot is then free again) once ``leases`` slots are lent."""
+        """The buffers ``(offset, bytes)`` of ``slot`` (``batches`` batches'): views of the
+        lent slot, or copies (the slot is then free again) once ``leases`` slots are lent."""
         base = slot * self.slot_bytes
         if self._state[slot] != _WRITTEN or \
-                _HEAD.unpack_from(self._map, base) != (stamp, len(sizes)):
+                _HEAD.unpack_from(self._map, base) != (stamp, len(spans)):
             raise RingError(f"ring slot {slot} holds another batch than the one announced "
                             f"({stamp}): it was overwritten before it was read")
         lend = self.leases and np.count_nonzero(self._state == _LENT) < self.leases
@@ -288,7 +322,7 @@ class Ring:
             for _ in range(batches if self.leases else 0):
                 note("batch_copied", f"{self.leases} slots of one worker were held at once")
         parts = [view[base + at:base + at + n] if lend else view[base + at:base + at + n].copy()
-                 for at, n in zip(_offsets(sizes)[:-1], sizes)]
+                 for at, n in spans]
         if not lend:
             self._state[slot] = _FREE
         return parts
@@ -301,6 +335,59 @@ class Ring:
             self._map.close()
         except BufferError:  # exported: the mapping goes with its last view, nothing is lost
             return
+
+
+class Region:
+    """A borrowed ring slot as a buffer slot of the fast path (the interface of
+    stoker.loader.fastpath.ring.Slot): :meth:`array` hands out its bytes after the header,
+    one aligned piece per name, so a batch gathered into it is already where the consumer
+    reads it. An array that does not fit is private memory (copied in by ``put_group`` if
+    room is left)."""
+
+    def __init__(self, ring: Ring, slot: int) -> None:
+        self.ring, self.slot, self.busy = ring, slot, False
+        self.used = _ALIGN  # bytes handed out, the header's included
+        self._named: dict[str, tuple[int, int]] = {}  # name -> (offset, bytes)
+        self._base = slot * ring.slot_bytes
+        self._addr = ring._view.__array_interface__["data"][0] + self._base
+
+    def _bytes(self, at: int, n: int) -> np.ndarray:
+        return self.ring._view[self._base + at:self._base + at + n]
+
+    def _take(self, n: int) -> int | None:
+        at, end = self.used, self.used + -(-n // _ALIGN) * _ALIGN
+        if end > self.ring.slot_bytes:
+            return None
+        self.used = end
+        return at
+
+    def array(self, name: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """A C-contiguous ``shape``/``dtype`` array in this slot (the piece ``name`` had, if
+        it is large enough)."""
+        dtype = np.dtype(dtype)
+        n = math.prod(shape) * dtype.itemsize
+        at, size = self._named.get(name, (None, 0))
+        if at is None or size < n:
+            at = self._take(n)
+            if at is None:
+                return np.empty(shape, dtype)
+            self._named[name] = (at, n)
+        return self._bytes(at, n).view(dtype).reshape(shape)
+
+    def in_use(self) -> bool:
+        return self.busy
+
+    def offset_of(self, array: np.ndarray) -> int | None:
+        """Where C-contiguous ``array`` lies in this slot's handed-out bytes, or ``None``."""
+        at = array.__array_interface__["data"][0] - self._addr
+        return at if array.nbytes and _ALIGN <= at and at + array.nbytes <= self.used else None
+
+    def copy_in(self, array: np.ndarray) -> int | None:
+        """Copy ``array`` into free bytes of this slot: its offset, or ``None`` if full."""
+        at = self._take(array.nbytes)
+        if at is not None:
+            self._bytes(at, array.nbytes)[:] = array.reshape(-1).view(np.uint8)
+        return at
 
 
 def _offsets(sizes: Sequence[int]) -> list[int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, NamedTuple
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -289,5 +290,40 @@ def test_groups_held_past_the_leases_are_copied_batch_by_batch() -> None:
         for i, (_, answer) in enumerate(group):
             assert _same(answer.batch["x"], torch.full((1000,), float(i)))
     del held, group, answer
+    assert ring._state.tolist() == [0, 0, 0, 0]
+    ring.close()
+
+
+def test_a_group_gathered_into_a_borrowed_slot_is_sent_without_a_copy() -> None:
+    ring = Ring(slots=2, slot_bytes=1 << 16, leases=2)
+    region = ring.borrow()
+    assert region is not None and ring._state.tolist() == [1, 0, 0, 0]
+    group = region.array("x", (4, 1000), np.float32)  # what a source's group gather fills
+    group[:] = np.arange(4, dtype=np.float32)[:, None]
+    items = []
+    for i in range(4):
+        item = ((0, i), Answer({"x": torch.from_numpy(group[i]),  # in the slot
+                                "i": torch.tensor([i])}, [i], {}))  # elsewhere: copied in
+        items.append((item, ring.plain(item)))
+    raw = ring.put_group(items, region)
+    group[0, 0] = 9.0  # the consumer views the bytes the gather wrote, not a copy of them
+    back = ring.loads(raw)
+    assert _same(back[0][1].batch["x"][1:], torch.zeros(999)) and back[0][1].batch["x"][0] == 9
+    for i, (key, answer) in enumerate(back[1:], 1):
+        assert key == (0, i) and _same(answer.batch["x"], torch.full((1000,), float(i)))
+        assert _same(answer.batch["i"], torch.tensor([i]))
+    del back, answer, group, items, item
+    assert ring._state.tolist() == [0, 0, 0, 0]
+    ring.close()
+
+
+def test_a_borrowed_slot_too_small_for_the_group_is_given_back() -> None:
+    ring = Ring(slots=2, slot_bytes=1 << 12, leases=2)
+    region = ring.borrow()
+    big = region.array("x", (1020,), np.float32)  # past the slot after its header: private
+    assert region.offset_of(big) is None
+    item = (0, Answer({"x": torch.from_numpy(big)}, None, {}))
+    assert ring.put_group([(item, ring.plain(item))], region) is None
+    ring.give_back(region)
     assert ring._state.tolist() == [0, 0, 0, 0]
     ring.close()
