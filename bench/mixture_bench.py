@@ -92,7 +92,15 @@ NOTES = """\
   single-source rate on W1.
 - The blend's state is O(sources): the restart at a far position costs O(1 / smallest weight)
   EDF steps (about the number of sources for balanced weights), then O(log sources) per
-  position. Random access for 1,000 sources includes the exact big-integer restart (Python)."""
+  position. Random access for 1,000 sources includes the exact big-integer restart (Python).
+- A blend without a schedule (one segment) of up to 128 sources runs its own kernel
+  (stoker.loader.order.blend_kernel.run_blend_flat, session 17): a linear scan without the
+  segment steps; the same stream (a Hypothesis test against the segmented kernel). This
+  table's positions/s against the tree before, same session: 3 sources 65.7 -> 89.0 M,
+  7 sources 31.7 -> 42.3 M, 30 sources 9.2 -> 19.4 M (those ran heaps), 100 sources 7.4 ->
+  10.8 M; 1,000 sources keep the heaps (3.7-4.2 M). One blend call per 1,024 positions here;
+  in 600 k-position kernel calls, 3 sources 10-11 -> 4.1 ns per position, 17 sources
+  52-62 -> 22 ns."""
 
 
 # -- data ------------------------------------------------------------------------------------
@@ -237,7 +245,7 @@ def blend_figures() -> dict[str, Any]:
 
     rng = random.Random(0)
     out: dict[str, Any] = {}
-    for n in (3, 7, 1000):
+    for n in (3, 7, 30, 100, 1000):
         blend = Blend([(0, [math.sqrt(2 + i) for i in range(n)])])
         blend.picks(0, 1024)
         t0 = time.perf_counter()

@@ -160,7 +160,8 @@ def _order() -> None:
 
 def _mixture() -> None:
     try:
-        src, pick = Blend([(0, [1, 2])]).picks(0, 4)
+        Blend([(0, [1, 2]), (2, [2, 1])]).picks(0, 4)  # a schedule: run_blend
+        src, pick = Blend([(0, [1, 2])]).picks(0, 4)  # none: run_blend_flat
         lo, _ = pick_spans(src, pick, np.int64(2))
         zeros = np.zeros(4, dtype=np.int64)
         place(src, pick, lo, zeros[:2].copy(), zeros, zeros[:3].copy())

@@ -59,7 +59,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from stoker.loader.order.blend_kernel import run_blend
+from stoker.loader.order.blend_kernel import FLAT_SOURCES, run_blend, run_blend_flat
 from stoker.manifest import StokerError
 
 __all__ = ["BLEND_ALGORITHM", "Blend", "BlendError", "exact_weight"]
@@ -153,6 +153,8 @@ class Blend:
             self._ncum.append([a + span * c for a, c in zip(self._ncum[-1], rates[s - 1])])
         self._ncol = [[row[i] for row in self._ncum] for i in range(n)]
         self.horizon = max(-(-self.D // c) for seg in rates for c in seg)
+        self._flat = None if len(starts) > 1 or n > FLAT_SOURCES else \
+            tuple(np.ascontiguousarray(a[0]) for a in (self._rates, self._quot, self._rem))
         self._lock = threading.Lock()
         self._cursor: tuple[int, tuple[np.ndarray, ...]] | None = None
 
@@ -224,8 +226,12 @@ class Blend:
                 state = self._restart(a)
         src = np.empty(stop - a, dtype=np.int64)
         pick = np.empty(stop - a, dtype=np.int64)
-        bad = run_blend(np.int64(a), np.int64(stop), src, pick, *state, self._bounds,
-                        self._rates, self._quot, self._rem, np.int64(self.D))
+        if self._flat is not None:  # one segment: the same slots without segment steps
+            bad = run_blend_flat(np.int64(a), np.int64(stop), src, pick, *state[:4],
+                                 *self._flat, np.int64(self.D))
+        else:
+            bad = run_blend(np.int64(a), np.int64(stop), src, pick, *state, self._bounds,
+                            self._rates, self._quot, self._rem, np.int64(self.D))
         if bad >= 0:
             raise BlendError(f"blend invariant broken at position {bad} (a pick past its "
                              "window); this is a bug in stoker.loader.order.blend, please report it")

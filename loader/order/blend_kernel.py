@@ -20,9 +20,14 @@ import numpy as np
 
 from stoker.loader.jit.kernel import kernel
 
-__all__ = ["run_blend"]
+__all__ = ["FLAT_SOURCES", "run_blend", "run_blend_flat"]
 
 _SCAN_SOURCES = 16  # up to this many sources a linear scan per slot is faster than heaps
+# run_blend_flat scans up to this many sources: per position, at random weights, 4.1 against
+# 10-11 ns with 3 sources, 22 against 52-62 with 17, 79 against 125-140 (heaps) with 100
+FLAT_SOURCES = 128
+_FEW = 6  # up to this many sources the flat scan compares through the index (see below)
+_NEVER = np.iinfo(np.int64).max  # above every deadline
 
 
 @kernel
@@ -138,4 +143,46 @@ def run_blend(start, stop, out_src, out_pick, x, rel, nxt, exc, seg, bounds, rat
                 nr = _push(ready, nr, nxt, i)
             else:
                 nw = _push(waiting, nw, rel, i)
+    return -1
+
+
+@kernel
+def run_blend_flat(start, stop, out_src, out_pick, x, rel, nxt, exc, rates, quot, rem,
+                   D):  # type: ignore[no-untyped-def]
+    """:func:`run_blend` for a blend of one segment (no schedule) and at most
+    :data:`FLAT_SOURCES` sources: the same slots, the same state after them (``seg`` stays
+    0), without the segment steps and with a linear scan; ``rates``, ``quot``, ``rem`` are
+    the segment's rows. Two forms of the same scan (ties: the lower index): comparing
+    through the index measured 2.2-2.5x faster than :func:`run_blend` for 2-5 sources and
+    slower from ~17, keeping the best deadline in a local the reverse."""
+    n = x.shape[0]
+    few = n <= _FEW
+    for slot in range(start, stop):
+        i = -1
+        if few:
+            for j in range(n):
+                if rel[j] <= slot and (i < 0 or nxt[j] < nxt[i]):
+                    i = j
+            if i < 0:
+                return slot
+            best = nxt[i]
+        else:
+            best = _NEVER
+            for j in range(n):
+                v = nxt[j]
+                if rel[j] <= slot and v < best:
+                    best = v
+                    i = j
+            if i < 0:
+                return slot
+        if best <= slot:  # deadline best - 1 already passed
+            return slot
+        out_src[slot - start] = i
+        out_pick[slot - start] = x[i]
+        x[i] += 1  # the next pick of i, as in run_blend with one segment
+        e = exc[i]
+        rel[i] = best - 1 if e > 0 else best
+        t = quot[i] + (1 if e < rem[i] else 0)
+        nxt[i] = best + t
+        exc[i] = t * rates[i] - (D - e)
     return -1

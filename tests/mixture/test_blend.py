@@ -88,6 +88,24 @@ def test_kernel_equals_the_written_rule(segs: list[tuple[int, list[float]]]) -> 
 
 
 @PROPS
+@given(ws=st.lists(st.one_of(st.floats(1e-3, 1e3), st.integers(1, 1000)), min_size=1,
+                   max_size=40), data=st.data())
+def test_a_blend_without_a_schedule_runs_the_flat_kernel_with_the_same_stream(
+        ws: list[float], data: st.DataObject) -> None:
+    """One segment runs ``run_blend_flat``; the same weights again from a later position are
+    the same targets, run by ``run_blend`` with its segment steps: every slot and every
+    restart must agree (both forms of the flat scan: up to 6 sources and more)."""
+    flat, general = Blend([(0, ws)]), Blend([(0, ws), (1_000, ws)])
+    assert flat._flat is not None and general._flat is None
+    a = data.draw(st.integers(0, 5_000))
+    for blend in (flat, general):  # a restart at a, then the cursor on to 6_000
+        blend.picks(a, a)
+    got = [b.picks(a, 6_000) for b in (flat, general)]
+    assert got[0][0].tolist() == got[1][0].tolist() and got[0][1].tolist() == got[1][1].tolist()
+    assert flat.counts(6_000).tolist() == general.counts(6_000).tolist()
+
+
+@PROPS
 @given(segs=segments(), data=st.data())
 def test_random_access_equals_the_sequential_stream(segs, data: st.DataObject) -> None:
     blend = Blend(segs)

@@ -12,7 +12,8 @@ from stoker.loader.order.mixture import Mixture
 
 
 def _signatures() -> dict[str, set]:
-    kernels = {"run_blend": blend_kernel.run_blend, "pick_spans": mixture_kernel.pick_spans,
+    kernels = {"run_blend": blend_kernel.run_blend, "run_blend_flat": blend_kernel.run_blend_flat,
+               "pick_spans": mixture_kernel.pick_spans,
                "place": mixture_kernel.place, "source_of": mixture_kernel.source_of}
     return {name: set(k.signatures) for name, k in kernels.items()}
 
