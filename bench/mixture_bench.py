@@ -100,7 +100,14 @@ NOTES = """\
   7 sources 31.7 -> 42.3 M, 30 sources 9.2 -> 19.4 M (those ran heaps), 100 sources 7.4 ->
   10.8 M; 1,000 sources keep the heaps (3.7-4.2 M). One blend call per 1,024 positions here;
   in 600 k-position kernel calls, 3 sources 10-11 -> 4.1 ns per position, 17 sources
-  52-62 -> 22 ns."""
+  52-62 -> 22 ns.
+- Where the 2-worker gap goes (session 17, ad hoc, 600 k rows, epochs 1-30 of one loader,
+  per-thread CPU from /proc): the single source computes its order inline in the consumer,
+  13 ms per epoch in 16 k chunks; the mixture's order thread spends 28-31 ms per epoch
+  (blend 8-10 ms, the sources' pass orders 12-15 ms, placing 2 ms) and the consumer waits
+  0.4-1 ms per epoch for its chunks (3.5 ms for the first one, inline). With 2 thread workers
+  both cores are busy, so that extra CPU costs about half its time in wall clock, and the
+  reads of the mixture's ids cost 8-15 % more (above): ~84-93 against ~66-76 ms per epoch."""
 
 
 # -- data ------------------------------------------------------------------------------------

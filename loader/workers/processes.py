@@ -3,7 +3,9 @@
 Each worker is a torch worker process (``stoker.loader.workers.info``): its own copy of the
 dataset, one intra-op thread, torch's seeding, ``get_worker_info()``. Work is handed out by
 the consumer and results come back by sequence number, as for threads; a stoker dataset's
-batches go out in groups (``submit_group``) and come back one by one. Workers are forked
+batches go out in groups (``submit_group``), gathered straight into a slot of the worker's
+shared-memory ring, and come back as one message per group (stoker.loader.workers.transport:
+``Ring.borrow``, ``Ring.put_group``). Workers are forked
 after the consumer's copy of the dataset opened the shards of their first tasks
 (stoker.loader.dataloader), so they inherit those maps instead of opening them again.
 """

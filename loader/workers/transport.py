@@ -31,7 +31,12 @@ batches (``list(loader)``) gets copies from then on (the ``batch_copied`` fallba
 worker always finds a free slot and no batch a caller holds is ever written again.
 A stoker batch (a worker's answer whose batch is a dict of plain tensors) is not pickled at
 all: its arrays are copied into the slot and the pipe message carries their names, dtypes and
-shapes (:meth:`Ring.put`). The consumer hands tasks over the same way as other objects,
+shapes (:meth:`Ring.put`). A group task's batches (up to 8) are gathered by the source
+straight into a slot the worker borrowed (:class:`Region`) and announced in one message
+(:meth:`Ring.put_group`): copying each batch into its own slot and sending it alone cost the
+workers ~18 % of their CPU and the consumer a poll, a read and a rebuild per batch (5 M W1
+rows, 2 process workers: bench/RESULTS.md "Workers (5,000,000 W1 rows)"). The consumer hands
+tasks over the same way as other objects,
 through a second ring per worker (copied out, not lent): a group of 8 batches' ids (64 KB)
 filled the pipe, and the consumer's send waited for the worker.
 """
