@@ -80,7 +80,7 @@ def _process_main(fn: Task, tasks: Any, results: Any, context: WorkerContext,
         try:
             plain: list[tuple[Any, Any]] = []
             for one in run_group(fn, seq, payload, where, local=False, into=region):
-                arrays = None if ring is None else ring.plain(one)
+                arrays = None if region is None else region.ring.plain(one)
                 if arrays is not None:
                     plain.append((one, arrays))
                     continue
@@ -88,14 +88,14 @@ def _process_main(fn: Task, tasks: Any, results: Any, context: WorkerContext,
                     results.send_bytes(_put(ring, earlier))
                 plain = []
                 results.send_bytes(_put(ring, one))
-            raw = ring.put_group(plain, region) if plain else None  # type: ignore[union-attr]
+            raw = None if region is None or not plain else region.ring.put_group(plain, region)
             if raw is not None:
                 region = None  # the consumer's now
             for message in [raw] if raw is not None else [_put(ring, o) for o, _ in plain]:
                 results.send_bytes(message)
         finally:
             if region is not None:
-                ring.give_back(region)  # type: ignore[union-attr]
+                region.ring.give_back(region)
 
 
 def _put(ring: Ring | None, one: Any) -> bytes:
@@ -352,11 +352,8 @@ class ProcessPool(WorkerPool):
             read += [w for w in self._workers if w is not read[0]
                      and any(self._stale(seq) for seq in w.taken)]
         by_conn = {w.results: w for w in read or self._workers}
-        ready = mp_connection.wait(list(by_conn), timeout=_POLL)
-        for conn in ready:
+        for conn in mp_connection.wait(list(by_conn), timeout=_POLL):
             self._receive(by_conn[conn], current, deadline)  # type: ignore[index]
-        if ready:  # a worker whose results were read takes its next task now
-            self._dispatch()
         # a dead worker's pipe reads EOF once what it sent is read, so waiting for its batch
         # finds it; the exit codes (a waitpid each) are for the others, every _POLL seconds
         now = time.monotonic()

@@ -69,7 +69,7 @@ LEASES = 8  # results slots a ring lends at once (batches a caller holds without
 _ALIGN = 64
 _REF = b"R"  # a slot reference (a pickle starts with its PROTO opcode, 0x80)
 _PLAIN = b"P"  # a slot reference to a plain answer's arrays (see _plain)
-_PLAIN_HEAD = struct.Struct("<QQ")  # after _PLAIN: stamp, slot; then the pickled layout
+_PLAIN_HEAD = struct.Struct("<QQ")  # after _PLAIN/_GROUP: stamp, slot; then the pickled heads
 _GROUP = b"G"  # a slot reference to several plain answers' arrays (see Ring.put_group)
 _HEAD = struct.Struct("<QQ")  # slot header: stamp, number of buffers
 _FREE, _WRITTEN, _LENT = 0, 1, 2  # a slot's state byte
@@ -184,25 +184,17 @@ class Ring:
         self._state[region.slot] = _FREE
 
     def put_group(self, items: Sequence[tuple[Any, list[tuple[str, np.ndarray]]]],
-                  region: Region | None = None) -> bytes | None:
+                  region: Region) -> bytes | None:
         """One message for several plain answers (a group task's batches, each with its
-        :meth:`plain` arrays) in one slot: ``region``'s when given (arrays already in it
-        stay where they are, the others are copied into it), else a slot claimed here.
-        ``None`` when they do not fit a slot together or none is free (the caller then
-        :meth:`put`s each, and gives ``region`` back).
+        :meth:`plain` arrays) in ``region``'s slot: arrays already in it stay where they are,
+        the others are copied into it. ``None`` when they do not fit (the caller then
+        :meth:`put`s each and gives ``region`` back).
 
         Per batch, a message cost the worker a pipe write (~30 us) and the consumer a poll,
         a read and a rebuild; with two process workers on two cores the consumer was the
         bound and the workers waited for tasks (W1, 5 M rows, natural order, cProfile: 0.55
         of the workers' 1.86 s in ``poll``). The batches of a group lend the slot together:
         it is free again once the last view of any of them is collected."""
-        own = region is None
-        if own:
-            slot = self._claim() if items else None
-            if slot is None:
-                return None
-            region = Region(self, slot)
-        assert region is not None  # noqa: S101
         heads = []
         for (key, answer), plain in items:
             layout = []
@@ -210,21 +202,13 @@ class Ring:
                 at = region.offset_of(a)
                 if at is None:
                     at = region.copy_in(a)
-                    if at is None:  # does not fit: nothing refers to the slot
-                        if own:
-                            self.give_back(region)
-                        return None
+                if at is None:  # does not fit
+                    return None
                 layout.append((name, a.dtype.str, a.shape, at))
             heads.append((key, type(answer), tuple(answer[1:]), layout))
         self._stamp_slot(region.slot, sum(len(h[3]) for h in heads))
         return _GROUP + _PLAIN_HEAD.pack(self._stamp, region.slot) + \
             pickle.dumps(heads, protocol=5)
-
-    def _write(self, slot: int, parts: Sequence[np.ndarray], offsets: Sequence[int],
-               sizes: Sequence[int]) -> None:
-        base = slot * self.slot_bytes
-        for part, at, n in zip(parts, offsets[:-1], sizes):
-            self._view[base + at:base + at + n] = part
 
     def put(self, obj: Any) -> bytes:
         """What the worker sends through the pipe for ``obj``: a slot reference after writing
@@ -239,7 +223,6 @@ class Ring:
         arrays = _plain(obj, self.slot_bytes)
         if arrays is not None:
             sizes = [a.nbytes for _, a in arrays]
-            layout = [(name, a.dtype.str, a.shape) for name, a in arrays]
             parts = [a.reshape(-1).view(np.uint8) for _, a in arrays]
         else:
             buffers: list[pickle.PickleBuffer] = []
@@ -252,11 +235,14 @@ class Ring:
         slot = self._claim(len(sizes)) if offsets[-1] <= self.slot_bytes else None
         if slot is None:
             return dumps(obj)
-        self._write(slot, parts, offsets, sizes)
-        if arrays is not None:
+        base = slot * self.slot_bytes
+        for part, at, n in zip(parts, offsets[:-1], sizes):
+            self._view[base + at:base + at + n] = part
+        if arrays is not None:  # a group of one answer, read as such (loads)
             key, answer = obj
+            layout = [(name, a.dtype.str, a.shape, at) for (name, a), at in zip(arrays, offsets)]
             return _PLAIN + _PLAIN_HEAD.pack(self._stamp, slot) + pickle.dumps(
-                (key, type(answer), tuple(answer[1:]), layout), protocol=5)
+                [(key, type(answer), tuple(answer[1:]), layout)], protocol=5)
         return _REF + struct.pack(f"<QQQ{len(sizes)}Q", self._stamp, slot, len(sizes), *sizes)
 
     def _claim(self, count: int | None = None) -> int | None:
@@ -286,18 +272,14 @@ class Ring:
         if raw[:1] in (_PLAIN, _GROUP):
             stamp, slot = _PLAIN_HEAD.unpack_from(raw, 1)
             heads = pickle.loads(raw[1 + _PLAIN_HEAD.size:])
-            if raw[:1] == _PLAIN:
-                heads = [heads]
-            layouts = [[(name, np.dtype(dtype), shape) for name, dtype, shape, *_ in h[3]]
+            layouts = [[(name, np.dtype(dtype), shape, at) for name, dtype, shape, at in h[3]]
                        for h in heads]
-            sizes = [math.prod(shape) * dt.itemsize for layout in layouts
-                     for _, dt, shape in layout]
-            ats = [at for h in heads for *_, at in h[3]] if raw[:1] == _GROUP \
-                else _offsets(sizes)[:-1]
-            parts = iter(self._read(stamp, slot, list(zip(ats, sizes)), len(heads)))
+            spans = [(at, math.prod(shape) * dt.itemsize) for layout in layouts
+                     for _, dt, shape, at in layout]
+            parts = iter(self._read(stamp, slot, spans, len(heads)))
             answers = [(key, kind._make([{name: torch.from_numpy(next(parts).view(dt)
                                                                  .reshape(shape))
-                                          for name, dt, shape in layout}, *rest]))
+                                          for name, dt, shape, _ in layout}, *rest]))
                        for (key, kind, rest, _), layout in zip(heads, layouts)]
             return Answers(answers) if raw[:1] == _GROUP else answers[0]
         if raw[:1] != _REF:
@@ -350,7 +332,7 @@ class Region:
     room is left)."""
 
     def __init__(self, ring: Ring, slot: int) -> None:
-        self.ring, self.slot, self.busy = ring, slot, False
+        self.ring, self.slot = ring, slot
         self.used = _ALIGN  # bytes handed out, the header's included
         self._named: dict[str, tuple[int, int]] = {}  # name -> (offset, bytes)
         self._base = slot * ring.slot_bytes
@@ -378,9 +360,6 @@ class Region:
                 return np.empty(shape, dtype)
             self._named[name] = (at, n)
         return self._bytes(at, n).view(dtype).reshape(shape)
-
-    def in_use(self) -> bool:
-        return self.busy
 
     def offset_of(self, array: np.ndarray) -> int | None:
         """Where C-contiguous ``array`` lies in this slot's handed-out bytes, or ``None``."""

@@ -258,7 +258,7 @@ def _group(ring: Ring, n: int, rows: int = 1000) -> list[tuple[Any, Any]]:
 
 def test_a_group_of_plain_answers_is_one_message_and_shares_one_lent_slot() -> None:
     ring = Ring(slots=2, slot_bytes=1 << 20, leases=2)
-    raw = ring.put_group(_group(ring, 8))
+    raw = ring.put_group(_group(ring, 8), ring.borrow())
     assert raw is not None and raw[:1] == b"G" and len(raw) < 2048
     back = ring.loads(raw)
     assert isinstance(back, Answers) and [key for key, _ in back] == [(0, i) for i in range(8)]
@@ -276,15 +276,18 @@ def test_a_group_of_plain_answers_is_one_message_and_shares_one_lent_slot() -> N
 
 
 def test_a_group_that_does_not_fit_a_slot_is_refused(ring: Ring) -> None:
-    assert ring.put_group(_group(ring, 8, rows=40_000)) is None  # 1.28 MB > 1 MiB slot
-    assert ring._state.tolist() == [0, 0, 0]  # nothing claimed
+    region = ring.borrow()
+    assert ring.put_group(_group(ring, 8, rows=40_000), region) is None  # 1.28 MB > 1 MiB
+    assert ring._state.tolist() == [1, 0, 0]  # still the worker's: nothing announced
+    ring.give_back(region)
+    assert ring._state.tolist() == [0, 0, 0]
 
 
 def test_groups_held_past_the_leases_are_copied_batch_by_batch() -> None:
     ring = Ring(slots=2, slot_bytes=1 << 20, leases=2)
     drain()
     with collecting() as noted:
-        held = [ring.loads(ring.put_group(_group(ring, 4))) for _ in range(3)]
+        held = [ring.loads(ring.put_group(_group(ring, 4), ring.borrow())) for _ in range(3)]
     assert noted["batch_copied"][0] == 4 and ring._state.tolist() == [2, 2, 0, 0]
     for group in held:
         for i, (_, answer) in enumerate(group):
