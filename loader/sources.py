@@ -23,7 +23,7 @@ from stoker.loader.order.mixture import Mixture, MixtureError
 from stoker.loader.read.arrow import ArrowSource
 from stoker.loader.read.mixture import (MixtureSource, check_columns, is_mixture,
                                        reader_manifests)
-from stoker.loader.read.mixture_budget import split_cache_limit
+from stoker.loader.read.mixture_budget import mixture_plan, split_cache_limit
 from stoker.loader.read.order_plan import OrderPlan, plan_order, record_stride
 from stoker.loader.read.torch_dataset import TorchSource
 from stoker.manifest import Manifest, ManifestError, redact_url
@@ -131,6 +131,14 @@ def _open_mixture(dataset: Any, setup: SourceSetup) -> Opened:
     # one order for every source: the options of the reader with the fewest partitions fit
     # every reader's working set
     plan = min(plans, key=lambda p: p.options.partitions)
+    if source.union and len(mixture.names) > 1:  # each source stages its own rounds
+        try:
+            plan = mixture_plan(mixture.manifests, mixture.names, plan,
+                                partitions=setup.options.order.partitions,
+                                world_size=setup.world_size, readers=_readers(setup))
+        except BaseException:
+            source.close()
+            raise
     return Opened(source, None, plan, location, setup.collate_fn, setup.collate_fn)
 
 
@@ -215,7 +223,6 @@ def _plan_order(manifest: Manifest, setup: SourceSetup,
     (stoker.loader.read.order_plan); independent of the world size. ``partitions``
     overrides the options' (a mixture's sources at the mixture's partitions)."""
     opts, read = setup.options, setup.options.read
-    processes = setup.worker_mode == "process" and setup.num_workers
     return plan_order(
         manifest, shuffle=opts.shuffle, partitions=partitions or opts.order.partitions,
         block_size=opts.order.block_size, partition_mode=opts.order.partition_mode,
@@ -223,7 +230,12 @@ def _plan_order(manifest: Manifest, setup: SourceSetup,
         stride=record_stride(manifest, setup.columns, read.features, read.categoricals,
                              read.image),
         cache_limit=opts.cache.limit if _cached(manifest, setup) else None,
-        readers=setup.num_workers + 1 if processes else 1)
+        readers=_readers(setup))
+
+
+def _readers(setup: SourceSetup) -> int:
+    """Processes that stage on their own: worker processes and the loader's (else 1)."""
+    return setup.num_workers + 1 if setup.worker_mode == "process" and setup.num_workers else 1
 
 
 def _pins(manifest: Manifest, plan: OrderPlan, setup: SourceSetup) -> int:

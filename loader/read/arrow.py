@@ -172,16 +172,22 @@ class ArrowSource:
         """Read shuffled batches through staging rounds (:mod:`stoker.loader.read.staging`) for
         this rank's order instead of per-shard records; whether the fast path allows it
         (natural order reads consecutive rows and needs no staging)."""
+        return self.stage_with(options, lambda plan, runs_of, ahead: Stager(
+            plan, options, rank, world_size, self.shard_rows, self.fingerprint, self._starts,
+            runs_of, stage_ahead=ahead))
+
+    def stage_with(self, options: OrderOptions,
+                   make: Callable[[FastPlan, Callable[..., Any], bool], Any]) -> bool:
+        """:meth:`stage` with the stager ``make(plan, runs_of, stage_ahead)`` builds (a
+        mixture's, stoker.loader.read.mixture_staging, whose order is not this reader's)."""
         if self._plan is None or not options.shuffle or not self._records_mode \
                 or (not self._force_stage and self._records_fit()):
             return False
         if self._stager is not None:
             self._stager.close()
         self._shards.random_access = not shards_fit_memory(int(self.manifest.shard_bytes.sum()))
-        self._stager = Stager(self._plan, options, rank, world_size, self.shard_rows,
-                              self.fingerprint, self._starts,
-                              lambda s, *rows: [(self._data_of(s), *rows)],
-                              stage_ahead=self._opener == self._local_opener)
+        self._stager = make(self._plan, lambda s, *rows: [(self._data_of(s), *rows)],
+                            self._opener == self._local_opener)
         self._rm = None
         return True
 

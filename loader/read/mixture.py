@@ -26,6 +26,7 @@ from stoker.loader.order.mixture_file import is_mixture_file
 from stoker.loader.order.mixture_kernel import source_of
 from stoker.loader.order.mixture_order import MixtureOrder, PassOrders
 from stoker.loader.read.mixture_future import mixture_clock
+from stoker.loader.read.mixture_staging import MixtureStager
 from stoker.loader.read.mixture_union import union_manifest
 from stoker.loader.order.options import OrderOptions
 from stoker.loader.fastpath import warm
@@ -150,14 +151,18 @@ class MixtureSource:
         return MixtureOrder(self.mixture, passes, epoch)
 
     def stage(self, options: OrderOptions, rank: int, world_size: int) -> bool:
-        """Mixtures stage no rounds yet (a mixture's rounds would follow every source's pass
-        order at once): a shuffled mixture whose readers' records exceed the records budget
-        reads the rows of the shards left without records from their columns, at a fraction
-        of the staged rate (3 W1 sources, 600 k rows, budget 128 MiB: ~1.0 M rows/s against
-        3-4 M for the same rows as one staged dataset). Never silently: the counted, logged
-        fallback ``"mixture_unstaged"`` names the reader, its records and the budget."""
+        """Stage a shuffled mixture's rounds, source by source
+        (:mod:`stoker.loader.read.mixture_staging`), where its readers would stage one
+        dataset's: the sources share one reader and their records exceed the records budget.
+        Sources read through readers of their own (remote ones) are not staged: rows of
+        shards without records are read from their columns, at a fraction of the staged rate,
+        never silently: the counted, logged fallback ``"mixture_unstaged"`` names the reader,
+        its records and the budget."""
         if not options.shuffle:
             return False
+        if self.union:
+            return self.readers[0].stage_with(options, lambda plan, runs_of, ahead: MixtureStager(
+                plan, options, self.mixture, runs_of, ahead))
         for name, reader in zip(self._reader_names, self.readers):
             over = reader.records_over_budget()
             if over is not None:

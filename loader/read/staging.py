@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from stoker.loader.fastpath.plan import FastPlan, ShardData
     from stoker.loader.fastpath.ring import Slot
 
-__all__ = ["Stager", "StagedRecords"]
+__all__ = ["Stager", "StagedRecords", "gather_rounds", "round_table"]
 
 
 _Key = tuple[int, int, int]  # (epoch, seed, block)
@@ -92,18 +92,26 @@ class Stager:
         stage_ahead: stage the next round in a background thread. Off for shards read
             through a cache: its own prefetcher fetches ahead, and a staging thread waiting
             for cache room would outlive its loader.
+        id_offset: added to the ids of the rounds' lookup tables (a mixture's source staged
+            on its own, its rows read by their mixture ids: stoker.loader.read.mixture_staging).
     """
 
     def __init__(self, plan: FastPlan, options: OrderOptions, rank: int, world_size: int,
                  shard_rows: np.ndarray, fingerprint: str, starts: np.ndarray,
                  runs_of: Callable[..., Iterable[tuple[ShardData, np.ndarray, np.ndarray,
                                                        np.ndarray]]],
-                 rounds: int = STAGED_ROUNDS, stage_ahead: bool = True) -> None:
+                 rounds: int = STAGED_ROUNDS, stage_ahead: bool = True,
+                 id_offset: int = 0) -> None:
         self._plan, self.options = plan, options
         self.rank, self.world_size = rank, world_size
         self._rows, self._fingerprint, self._starts = shard_rows, fingerprint, starts
         self._runs_of = runs_of
         self._capacity = rounds
+        self._id_offset = id_offset
+        total = int(np.sum(shard_rows))
+        # rows of the largest round: the rank's partitions, each at most one block
+        self._round_rows = -(-options.partitions // world_size) * \
+            min(options.block_size, -(-total // options.partitions))
         self.layout: RecordLayout | None = None
         self._misfit_fields: set[str] = set()
         self._ahead = False
@@ -257,16 +265,15 @@ class Stager:
             r.index(gid[:0], length[:0], 0)
             return
         total = int(length.sum())
-        capacity = -(-self.options.partitions // self.world_size) * self.options.block_size
-        if r.buffer.size < max(total, capacity) * layout.stride:
-            r.buffer = _allocate(max(total, capacity), layout.stride, np.dtype(np.uint8))
+        if r.buffer.size < max(total, self._round_rows) * layout.stride:
+            r.buffer = _allocate(max(total, self._round_rows), layout.stride, np.dtype(np.uint8))
         rec = r.buffer.reshape(-1, layout.stride)
         fields = [f for f in layout.fields if f.name not in self._misfit_fields]
         helper = self._copy_helper()
         for i, args in enumerate(per_shard):
             for run in first_runs if i == 0 else self._runs_of(*args):
                 _copy(rec, fields, *run, helper=helper)
-        r.index(gid, length, layout.stride)
+        r.index(gid + self._id_offset, length, layout.stride)
         self.staged_rows += total
         self.rounds_staged += 1
 
@@ -319,27 +326,35 @@ class Stager:
                                    f"of epoch {epoch} (at most {self._capacity} are staged)")
             return {}, np.arange(len(ids), dtype=np.int64)
         keys = [(epoch, seed, b) for b in range(first, last + 1)]
-        rounds = self._hold(order, keys)
+        rounds = self.hold(keys)
         try:
-            outputs, missing = self._read(ids, rounds, slot)
+            layout = self.layout
+            assert layout is not None  # noqa: S101 - rounds exist only with a layout
+            outputs, missing = gather_rounds(ids, rounds, slot, layout, self.fields)
         finally:
-            with self._cond:
-                for r in rounds:
-                    r.readers -= 1
-                self._cond.notify_all()
-        if self._ahead and self.stage_ahead:
-            nxt = (epoch, seed, keys[-1][2] + 1)
-            if nxt[2] >= order.blocks_per_partition():  # the last round: the next epoch's
-                nxt = (epoch + 1, seed, 0)  # first one, so that epoch does not start waiting
-                order = self.order(epoch + 1, seed)
-            self._prefetch(order, nxt, set(keys) | {nxt})
+            self.release(rounds)
+        self.stage_next(order, keys[-1][2], set(keys))
         return outputs, missing
 
-    def _hold(self, order: EpochOrder, keys: list[_Key]) -> list[_Round]:
+    def stage_next(self, order: EpochOrder, block: int, keep: set[_Key]) -> None:
+        """Stage the round after ``block`` of ``order`` in the background (after an epoch's
+        last round, the next epoch's first), keeping the rounds ``keep`` meanwhile."""
+        if not (self._ahead and self.stage_ahead):
+            return
+        nxt = (order.epoch, order.seed, block + 1)
+        if nxt[2] >= order.blocks_per_partition():  # the last round: the next epoch's
+            nxt = (order.epoch + 1, order.seed, 0)  # first one, so that epoch does not start waiting
+            order = self.order(order.epoch + 1, order.seed)
+        self._prefetch(order, nxt, keep | {nxt})
+
+    def hold(self, keys: list[_Key]) -> list[_Round]:
+        """Rounds ``keys`` (``(epoch, seed, block)``), staged (waiting for them) and held for
+        reading until :meth:`release`; at most :attr:`capacity` keys."""
+        self._check_process()
         keep = set(keys)
         while True:
             for key in keys:
-                self._ensure(order, key, keep)
+                self._ensure(self.order(key[0], key[1]), key, keep)
             with self._cond:
                 rounds = [self._rounds.get(key) for key in keys]
                 if all(r is not None and r.ready for r in rounds):
@@ -347,32 +362,17 @@ class Stager:
                         r.readers += 1  # type: ignore[union-attr]
                     return rounds  # type: ignore[return-value]
 
-    def _read(self, ids: np.ndarray, rounds: list[_Round],
-              slot: Slot) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        layout = self.layout
-        assert layout is not None  # noqa: S101 - rounds exist only with a layout
-        fields = self.fields
-        n = len(ids)
-        if len(rounds) == 1:
-            starts, shift, bucket, addrs = rounds[0].table
-        else:
-            starts = np.concatenate([r.starts for r in rounds])
-            addrs = np.concatenate([r.addrs for r in rounds])
-            o = np.lexsort((addrs != 0, starts))  # a run's start sorts after an equal gap end
-            starts, shift, bucket, addrs = _table(np.concatenate([[0], starts[o], [_END]]),
-                                                  np.concatenate([[0], addrs[o], [0]]))
-        arrays = {f.name: slot.array(f.name, (n, f.width), f.dtype) for f in fields}
-        outs = [arrays[f.name].view(np.uint8) for f in fields]
-        missing = np.empty(n, dtype=np.int64)
-        if fields:
-            m, _ = _gather(ids, starts, shift, bucket, addrs, layout.stride,
-                    np.array([f.offset for f in fields], dtype=np.int64),
-                    np.array([f.nbytes for f in fields], dtype=np.int64),
-                    np.array([o.__array_interface__["data"][0] for o in outs], dtype=np.int64),
-                    np.array([o.strides[0] for o in outs], dtype=np.int64), missing,
-                    np.zeros(len(starts), dtype=np.int64), 1, np.empty(n, dtype=np.int64))
-            return arrays, missing[:m]  # none unless a round lacks an id: the column path
-        return arrays, np.arange(n, dtype=np.int64)
+    def release(self, rounds: list[_Round]) -> None:
+        """The reads of :meth:`hold`'s rounds are done: their buffers may be staged again."""
+        with self._cond:
+            for r in rounds:
+                r.readers -= 1
+            self._cond.notify_all()
+
+    @property
+    def capacity(self) -> int:
+        """Rounds staged at once (so at most this many held by one batch)."""
+        return self._capacity
 
     def close(self) -> None:
         """Stop staging ahead; buffers are freed with the stager."""
@@ -384,6 +384,39 @@ class Stager:
             for p in (pool, helper):
                 if p is not None:
                     executors.stop(p)
+
+
+def round_table(rounds: Sequence[_Round]) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
+    """The lookup table of several rounds at once, as :func:`_gather` takes it."""
+    starts = np.concatenate([r.starts for r in rounds])
+    addrs = np.concatenate([r.addrs for r in rounds])
+    o = np.lexsort((addrs != 0, starts))  # a run's start sorts after an equal gap end
+    return _table(np.concatenate([[0], starts[o], [_END]]), np.concatenate([[0], addrs[o], [0]]))
+
+
+def gather_rounds(ids: np.ndarray, rounds: Sequence[_Round], slot: Slot, layout: RecordLayout,
+                  fields: Sequence[Field], table: tuple[Any, ...] | None = None
+                  ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Write ``fields`` of the rows ``ids`` from the staged ``rounds`` (any that holds an id
+    serves it: its bytes depend on the id only) into ``slot``: ``(outputs, missing)``,
+    ``missing`` the batch rows no round holds (every row when there are no fields).
+    ``table``: the rounds' :func:`round_table`, when the caller kept it."""
+    n = len(ids)
+    if table is None:
+        table = rounds[0].table if len(rounds) == 1 else round_table(rounds)
+    starts, shift, bucket, addrs = table
+    arrays = {f.name: slot.array(f.name, (n, f.width), f.dtype) for f in fields}
+    outs = [arrays[f.name].view(np.uint8) for f in fields]
+    missing = np.empty(n, dtype=np.int64)
+    if not fields:
+        return arrays, np.arange(n, dtype=np.int64)
+    m, _ = _gather(ids, starts, shift, bucket, addrs, layout.stride,
+                   np.array([f.offset for f in fields], dtype=np.int64),
+                   np.array([f.nbytes for f in fields], dtype=np.int64),
+                   np.array([o.__array_interface__["data"][0] for o in outs], dtype=np.int64),
+                   np.array([o.strides[0] for o in outs], dtype=np.int64), missing,
+                   np.zeros(len(starts), dtype=np.int64), 1, np.empty(n, dtype=np.int64))
+    return arrays, missing[:m]  # none unless a round lacks an id: the column path
 
 
 class StagedRecords:

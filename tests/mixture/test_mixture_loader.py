@@ -271,29 +271,3 @@ def test_workers_read_groups_of_a_mixture_byte_for_byte(sources, mode: str) -> N
         for key in a:
             assert a[key].dtype == b[key].dtype and a[key].numpy().tobytes() == \
                 b[key].numpy().tobytes(), key
-
-
-def test_a_mixture_beyond_the_records_budget_says_so(sources, monkeypatch) -> None:
-    """A shuffled mixture whose records exceed the budget reads the same batches (the written
-    rule) and counts the named fallback; in natural order, or with records that fit, it is
-    not noted; one dataset over the same budget stages its rounds instead."""
-    from stoker.loader.fastpath import rowmajor
-
-    mix = _mixture(sources)
-    fits = DataLoader(mix, batch_size=16, shuffle=True, seed=11)
-    list(fits)
-    assert "mixture_unstaged" not in fits.stats.fallbacks
-    fits.close()
-    monkeypatch.setattr(rowmajor, "AUTO_BUDGET_BYTES", 64)
-    dl = DataLoader(mix, batch_size=16, shuffle=True, seed=11)
-    got = pairs(_epochs(dl, 2))
-    assert got == expected(mix, 11, 0, 2 * mix.num_samples, dl.order_options)
-    assert dl.stats.fallbacks.get("mixture_unstaged") == 1
-    dl.close()
-    natural = DataLoader(mix, batch_size=16, shuffle=False)
-    list(natural)
-    assert "mixture_unstaged" not in natural.stats.fallbacks
-    natural.close()
-    single = DataLoader(str(sources["web"]), batch_size=16, shuffle=True, seed=11)
-    assert single._source.stager is not None
-    single.close()
