@@ -24,6 +24,11 @@ and the sources' pass orders against one dataset's order), and the single-source
 reading the mixture's ids against its own (the same rows; only the order they are read in
 differs, so this is the stream's locality, not the mixture's code).
 
+Beyond the records budget (``--beyond-rows``, default 6,000,000 W1 rows: 2.35 GB of records
+against a budget of at most 2 GiB): the same pair with default options, both staging their
+rounds (the mixture each source's, stoker.loader.read.mixture_staging), beside the mixture read
+from the shards' columns, what a mixture beyond the budget read before.
+
 Blend state: ``tracemalloc`` peak while a 1,000-source blend is built and read at positions
 near 10**10 (goal < 10 MB), and the blend's own positions/s for 3, 7 and 1,000 sources.
 """
@@ -153,18 +158,21 @@ def _single(sources: list[Path], root: Path) -> None:
                     stoker_version=stoker_version(), compression="none").save(root)
 
 
-def prepare(workdir: Path, rows: int, images: int) -> dict[str, Any]:
-    unit_rows, unit_images = rows // sum(SPLIT), images // sum(SPLIT)
+def _w1_data(workdir: Path, rows: int) -> tuple[list[Path], Path]:
     w1 = [workdir / f"w1-{rows}" / n for n in NAMES]
     for k, (path, part) in enumerate(zip(w1, SPLIT)):
-        _w1_source(path, unit_rows * part, seed=k)
+        _w1_source(path, rows // sum(SPLIT) * part, seed=k)
     _single(w1, workdir / f"w1-{rows}" / "single")
+    return w1, workdir / f"w1-{rows}" / "single"
+
+
+def prepare(workdir: Path, rows: int, images: int) -> dict[str, Any]:
+    unit_images = images // sum(SPLIT)
     w2 = [workdir / f"img-{images}" / n for n in NAMES]
     for path, part in zip(w2, SPLIT):
         _image_source(path, unit_images * part)
     _single(w2, workdir / f"img-{images}" / "single")
-    return {"w1": (w1, workdir / f"w1-{rows}" / "single"),
-            "images": (w2, workdir / f"img-{images}" / "single")}
+    return {"w1": _w1_data(workdir, rows), "images": (w2, workdir / f"img-{images}" / "single")}
 
 
 # -- cases -----------------------------------------------------------------------------------
@@ -206,6 +214,29 @@ def run_pair(sources: list[Path], single: Path, workload: str, workers: int,
         plain.append(_epoch_rate(lambda: DataLoader(single, **opts), epochs))
         mixed.append(_epoch_rate(lambda: DataLoader(mixture, **opts), epochs))
     return statistics.median(mixed), statistics.median(plain)
+
+
+def beyond(sources: list[Path], single: Path, workers: int, repeats: int,
+           epochs: int) -> tuple[float, float, float]:
+    """W1 whose records exceed the records budget, default options: (mixture, single source,
+    mixture read from the columns), rows/s. Both loaders stage their rounds (checked); the
+    third reads every row from the shards' columns, what a mixture beyond the budget read
+    before stoker.loader.read.mixture_staging (one timed epoch after the warm-up)."""
+    from stoker.loader import DataLoader, Mixture, ReadOptions
+    from stoker.loader.read.mixture_staging import MixtureStager
+
+    opts = dict(_options("w1"), shuffle=True, seed=0, num_workers=workers)
+    mixture = Mixture({n: str(p) for n, p in zip(NAMES, sources)})
+    probe = DataLoader(mixture, **opts)
+    staged = isinstance(probe._source.readers[0].stager, MixtureStager)
+    probe.close()
+    if not staged:
+        raise SystemExit("--beyond-rows: the mixture's records fit the records budget here, "
+                         "so it stages nothing; use more rows")
+    mixed, plain = run_pair(sources, single, "w1", workers, repeats, epochs)
+    read = ReadOptions(features=FEATURES, categoricals=CATS, row_major=False)
+    columns = _epoch_rate(lambda: DataLoader(mixture, **{**opts, "read": read}), 1)
+    return mixed, plain, columns
 
 
 def split(sources: list[Path], single: Path, repeats: int) -> dict[str, float]:
@@ -275,12 +306,20 @@ def blend_figures() -> dict[str, Any]:
 
 # -- report ------------------------------------------------------------------------------------
 def table(results: dict[tuple[str, int], tuple[float, float]], parts: dict[str, float],
-          blend: dict[str, Any]) -> str:
+          blend: dict[str, Any], staged: dict[int, tuple[float, float, float]],
+          beyond_rows: int) -> str:
     lines = ["| workload | workers | mixture rows/s | single-source rows/s | ratio |",
              "|---|---:|---:|---:|---:|"]
     for (workload, workers), (mixed, plain) in results.items():
         lines.append(f"| {workload} | {workers} | {mixed:,.0f} | {plain:,.0f} | "
                      f"{100 * mixed / plain:.0f} % |")
+    if staged:
+        lines += ["", f"| W1 beyond the records budget ({beyond_rows:,} rows) | workers | "
+                  "mixture rows/s (staged) | single-source rows/s (staged) | ratio | mixture "
+                  "from the columns (before) |", "|---|---:|---:|---:|---:|---:|"]
+        for workers, (mixed, plain, columns) in staged.items():
+            lines.append(f"| W1 | {workers} | {mixed:,.0f} | {plain:,.0f} | "
+                         f"{100 * mixed / plain:.0f} % | {columns:,.0f} |")
     lines += ["", "| W1, one thread: where the time goes | value |", "|---|---:|"]
     lines += [f"| {k} | {v:,.1f} |" for k, v in parts.items()]
     lines += ["", "| blend | value |", "|---|---:|"]
@@ -296,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=5, help="timed epochs per loader (median)")
     ap.add_argument("--workers", default="0,2", help="comma-separated thread worker counts")
+    ap.add_argument("--beyond-rows", type=int, default=6_000_000,
+                    help="W1 rows whose records exceed the records budget (0: skip)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/stoker-mixture-bench"))
     ap.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
     args = ap.parse_args(argv)
@@ -308,16 +349,25 @@ def main(argv: list[str] | None = None) -> int:
             mixed, plain = results[(workload, workers)]
             print(f"{workload} workers={workers}: mixture {mixed:,.0f} rows/s, single "
                   f"{plain:,.0f} rows/s ({100 * mixed / plain:.0f} %)", flush=True)
+    staged = {}
+    if args.beyond_rows:
+        big = _w1_data(args.workdir, args.beyond_rows)
+        for workers in (int(w) for w in args.workers.split(",")):
+            staged[workers] = beyond(*big, workers, args.repeats, args.epochs)
+            mixed, plain, columns = staged[workers]
+            print(f"w1 beyond the budget workers={workers}: mixture {mixed:,.0f} rows/s, single "
+                  f"{plain:,.0f} ({100 * mixed / plain:.0f} %), from the columns "
+                  f"{columns:,.0f}", flush=True)
     parts = split(*data["w1"], args.repeats)
     blend = blend_figures()
-    text = table(results, parts, blend)
+    text = table(results, parts, blend, staged, args.beyond_rows)
     print(text)
     cmd = "`.venv/bin/python bench/mixture_bench.py " + " ".join(argv or sys.argv[1:]) + "`"
     header = (f"{cmd.replace(' `', '`')} on {platform.machine()}, {os.cpu_count()} CPUs, Python "
               f"{platform.python_version()}: medians of {args.repeats} alternating loaders, each "
               f"the median of its epochs 1-{args.epochs}, "
               f"rows split 1:2:3 over sources a, b, c (W1 {args.rows:,} rows, images "
-              f"{args.images:,}). Taken on a machine shared with other work (numbers move "
+              f"{args.images:,}; beyond the records budget {args.beyond_rows:,}). Taken on a machine shared with other work (numbers move "
               "with its load).")
     if not args.no_write:
         write_section("Mixtures", f"{header}\n\n{text}\n\n{NOTES}")

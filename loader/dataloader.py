@@ -42,6 +42,7 @@ from stoker.loader.samplers import OrderBatchSampler, OrderSampler
 from stoker.loader.service.options import service_for
 from stoker.loader.sources import SourceSetup, is_stoker_dataset, open_source
 from stoker.loader.order.mixture_order import source_order
+from stoker.loader.order.working_set import WorkingSet
 from stoker.loader.order.schedule import batch_ids
 from stoker.loader.state import Cursor, LoaderState
 from stoker.loader.stats import LoaderStats
@@ -222,6 +223,14 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
     @property
     def epoch(self) -> int:
         return self._cursor.epoch
+
+    @property
+    def working_set(self) -> WorkingSet | None:
+        """What one rank of this loader needs live at once, computed at construction from the
+        order options, world size, workers and shard sizes (stoker.loader.order.working_set):
+        shards and their bytes, staged rows and their bytes. Recorded in the ledger's header;
+        ``None`` for a torch dataset (it has no stoker order)."""
+        return None if self._order_plan is None else self._order_plan.working_set
 
     def __iter__(self) -> Iterator[Any]:
         if self._active is not None:

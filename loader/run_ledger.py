@@ -37,6 +37,8 @@ def ledger_header(loader: DataLoader) -> dict[str, Any]:
         header["dataset_len"] = plan.num_samples
     if loader._source.kind == "mixture":
         header["mixture"] = loader._source.mixture.describe()
+    if loader.working_set is not None:
+        header["working_set"] = loader.working_set.to_dict()
     if loader._content is not None:
         header["content"] = loader._content
     if getattr(loader, "_service", None) is not None:  # batches from `stoker serve`

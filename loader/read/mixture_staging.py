@@ -83,6 +83,8 @@ class MixtureStager:
         self._lock = threading.Lock()
         self._passes: dict[int, list[tuple[int, int]]] = {}  # loader epoch -> passes per source
         self._last = [0] * len(self._stagers)  # the pass each source's last batch read
+        # the last round each source's last batch read: (pass, seed, block)
+        self._latest: list[tuple[int, int, int] | None] = [None] * len(self._stagers)
         self._tables: dict[tuple[int, ...], tuple[Any, ...]] = {}  # merged lookup tables
 
     # -- the Stager surface --------------------------------------------------------------------
@@ -112,39 +114,58 @@ class MixtureStager:
                most: int | None = None) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
         """As :meth:`Stager.gather`, for mixture ids of loader epoch ``epoch``; ``most``
         bounds the rounds held per source. Rows whose source's rounds could not be found are
-        ``missing`` (read from the columns by the caller), counted as ``"ids_not_staged"``."""
+        ``missing`` (read from the columns by the caller), counted as ``"ids_not_staged"``.
+
+        A batch's picks of a source mostly continue in the round its last batch ended in, so
+        that round is read first while it is staged; only for sources with rows it lacks are
+        the rounds looked up (:meth:`_keys`, ~0.1 ms a source) and the batch read again."""
         src = source_of(ids, self._offsets)
-        present = np.flatnonzero(np.bincount(src, minlength=len(self._stagers)))
-        wanted = []
-        for i in present.tolist():  # ascending: sources are held in one order (no deadlock)
-            local = ids[src == i] - self._offsets[i]
-            keys = self._keys(i, local, epoch, seed)
-            if keys is not None and most is not None and len(keys) > most:
-                return None
-            if keys is None:
-                note("ids_not_staged", f"mixture source {self._mixture.names[i]!r}: "
-                                       f"{len(local)} samples of a batch of loader epoch "
-                                       f"{epoch} fit no staged rounds of its passes")
-                continue
-            wanted.append((i, keys))
+        present = np.flatnonzero(np.bincount(src, minlength=len(self._stagers))).tolist()
+        latest = [(i, self._latest[i]) for i in present]
+        keys = {i: [key] for i, key in latest
+                if key is not None and key[1] == seed and self._stagers[i].staged(key)}
+        got = self._read(ids, slot, keys) if len(keys) == len(present) else None
+        if got is None or len(got[1]):
+            lacking = set(present) - set(keys) if got is None else \
+                set(np.unique(src[got[1]]).tolist())
+            for i in sorted(lacking):
+                local = ids[src == i] - self._offsets[i]
+                found = self._keys(i, local, epoch, seed)
+                if found is None:
+                    note("ids_not_staged", f"mixture source {self._mixture.names[i]!r}: "
+                                           f"{len(local)} samples of a batch of loader epoch "
+                                           f"{epoch} fit no staged rounds of its passes")
+                    keys.pop(i, None)
+                elif most is not None and len(found) > most:
+                    return None
+                else:
+                    keys[i] = found
+            got = self._read(ids, slot, keys)
+            if got is None:
+                return {}, np.arange(len(ids), dtype=np.int64)
+        for i, own in keys.items():
+            s = self._stagers[i]
+            self._latest[i] = own[-1]
+            s.stage_next(s.order(own[-1][0], seed), own[-1][2], set(own))
+        return got
+
+    def _read(self, ids: np.ndarray, slot: Slot, keys: dict[int, list[tuple[int, int, int]]]
+              ) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
+        """The batch from the rounds ``keys`` of each source, held meanwhile (sources in
+        ascending order, so two readers never wait on each other); ``None`` without rounds."""
+        layout = self.layout
         held: list[tuple[Stager, list[Any]]] = []
         try:
-            for i, keys in wanted:
+            for i in sorted(keys):
                 s = self._stagers[i]
-                held.append((s, s.hold(keys)))
+                held.append((s, s.hold(keys[i])))
             rounds = [r for _, rs in held for r in rs]
-            layout = self.layout
             if not rounds or layout is None:
-                return {}, np.arange(len(ids), dtype=np.int64)
-            outputs, missing = gather_rounds(ids, rounds, slot, layout, self.fields,
-                                             self._table(rounds))
+                return None
+            return gather_rounds(ids, rounds, slot, layout, self.fields, self._table(rounds))
         finally:
             for s, rs in held:
                 s.release(rs)
-        for i, keys in wanted:
-            s = self._stagers[i]
-            s.stage_next(s.order(keys[-1][0], seed), keys[-1][2], set(keys))
-        return outputs, missing
 
     def close(self) -> None:
         """Stop every source's staging ahead."""

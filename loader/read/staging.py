@@ -362,6 +362,12 @@ class Stager:
                         r.readers += 1  # type: ignore[union-attr]
                     return rounds  # type: ignore[return-value]
 
+    def staged(self, key: _Key) -> bool:
+        """Whether round ``key`` is staged now (it may be dropped for another at any time)."""
+        with self._cond:
+            r = self._rounds.get(key)
+            return r is not None and r.ready
+
     def release(self, rounds: list[_Round]) -> None:
         """The reads of :meth:`hold`'s rounds are done: their buffers may be staged again."""
         with self._cond:

@@ -1,10 +1,13 @@
-"""``stoker inspect DST``: what a dataset holds, from its manifest alone (no shard is read)."""
+"""``stoker inspect DST``: what a dataset holds, from its manifest alone (no shard is read);
+with ``--plan``, the order and working set a DataLoader over it would use."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from typing import Any
+
+from stoker.tools.cli.inspect_plan import add_plan_arguments
 
 __all__ = ["add_parser", "run", "summarize"]
 
@@ -15,6 +18,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                        "fingerprint and provenance of a stoker dataset.")
     p.add_argument("dataset", metavar="DST", help="dataset directory, manifest URL or mixture.json")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    add_plan_arguments(p)
     return p
 
 
@@ -56,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
 
     from stoker.loader.order.mixture_file import is_mixture_file
 
+    if args.plan:  # the loader's order and working set: stoker.tools.cli.inspect_plan
+        from stoker.tools.cli.inspect_plan import print_plan
+
+        return print_plan(args)
     if is_mixture_file(args.dataset):  # a mixture.json: stoker.tools.cli.inspect_mixture
         from stoker.tools.cli.inspect_mixture import print_mixture
 
