@@ -47,9 +47,10 @@ REASONS = {
                       "stages at once (ids a caller chose, not a batch of the loader's order): "
                       "read from the shards' columns instead of staged records",
     "mixture_unstaged": "a shuffled mixture whose row-major records exceed the records budget "
-                        "(min(2 GiB, RAM / 4)): mixtures do not stage rounds yet, so the rows "
-                        "of the shards left without records are read from their columns, "
-                        "several times slower than a staged dataset of the same rows; "
+                        "(min(2 GiB, RAM / 4)) and whose sources cannot share one reader (remote "
+                        "or of other schemas): those stage no rounds, so the rows of the shards "
+                        "left without records are read from their columns, several times "
+                        "slower than a staged dataset of the same rows; "
                         "ReadOptions(row_major=True) lifts the budget where memory allows",
     "compiling": "the Numba kernels were still being compiled (a fresh node) or loaded (a "
                  "fresh process): the batch was read with pyarrow, the same bytes the kernels "

@@ -78,7 +78,8 @@ class LoaderState:
                 f"{saved.get('partitions')}, block_size={saved.get('block_size')}, "
                 f"partition_mode={saved.get('partition_mode')!r}. (stoker 0.1's defaults changed "
                 "after states were first written: partitions are now chosen from the order's "
-                "working set and block_size defaults to 1024, so a state saved with the old "
+                "working set and block_size defaults to 1024, and a mixture's partitions fit "
+                "the staging of all its sources together, so a state saved with the old "
                 "defaults continues only with those options passed explicitly.)")
 
 

@@ -7,7 +7,9 @@ reader (:class:`~stoker.loader.read.arrow.ArrowSource`, through its public
 ``fetch(ids, epoch, seed)``) reads its rows, and the parts are written back at their
 positions; ``batch["source"]`` (int64) says which source (index into ``Mixture.names``) each
 row came from. The sources must agree on the requested columns: same names, and types that
-convert to the same batch value (see :func:`check_columns`).
+convert to the same batch value (see :func:`check_columns`). A shuffled mixture whose shared
+reader's records exceed the records budget stages each source's rounds
+(:mod:`stoker.loader.read.mixture_staging`), as one dataset would stage its own.
 """
 
 from __future__ import annotations

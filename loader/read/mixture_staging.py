@@ -82,7 +82,6 @@ class MixtureStager:
             first_shard += len(rows)
         self._lock = threading.Lock()
         self._passes: dict[int, list[tuple[int, int]]] = {}  # loader epoch -> passes per source
-        self._last = [0] * len(self._stagers)  # the pass each source's last batch read
         # the last round each source's last batch read: (pass, seed, block)
         self._latest: list[tuple[int, int, int] | None] = [None] * len(self._stagers)
         self._tables: dict[tuple[int, ...], tuple[Any, ...]] = {}  # merged lookup tables
@@ -196,30 +195,34 @@ class MixtureStager:
         (in pick order) of a batch of loader epoch ``epoch`` (see the module docstring)."""
         s = self._stagers[i]
         lo, hi = self._pass_range(i, epoch)
-        last = min(max(self._last[i], lo), hi)
-        candidates = [last] + [p for p in (last + 1, *range(lo, hi + 1)) if p != last
-                               and lo <= p <= hi]
-        candidates = list(dict.fromkeys(candidates))
+        latest = self._latest[i]
+        last = min(max(latest[0] if latest is not None else lo, lo), hi)
+        candidates = list(dict.fromkeys(p for p in (last, last + 1, *range(lo, hi + 1))
+                                        if lo <= p <= hi))
         probe = local[np.unique(np.linspace(0, len(local) - 1, min(len(local), _PROBES))
                                 .astype(np.int64))]
         cap = s.capacity
-        places = {p: s.order(p, seed).block_of(probe) for p in candidates}
+        places: dict[int, np.ndarray] = {}
+
+        def blocks(p: int) -> np.ndarray:
+            if p not in places:
+                places[p] = s.order(p, seed).block_of(probe)
+            return places[p]
+
         for p in candidates:
-            block = places[p]
+            block = blocks(p)
             if _in_order(block) and block[-1] - block[0] < cap:
-                self._last[i] = p
                 return [(p, seed, b) for b in range(int(block[0]), int(block[-1]) + 1)]
         for p in candidates:  # the end of pass p, then the start of pass p + 1
-            if p + 1 not in places:
+            if p + 1 > hi:
                 continue
-            a, b = places[p], places[p + 1]
+            a, b = blocks(p), blocks(p + 1)
             end = s.order(p, seed).blocks_per_partition() - 1
             for cut in range(1, len(probe)):
                 if _in_order(a[:cut]) and _in_order(b[cut:]):
                     keys = [(p, seed, x) for x in range(int(a[0]), end + 1)] + \
                         [(p + 1, seed, x) for x in range(int(b[-1]) + 1)]
                     if len(keys) <= cap:
-                        self._last[i] = p + 1
                         return keys
         return None
 
