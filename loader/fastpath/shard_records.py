@@ -199,6 +199,10 @@ class ShardRecords:
             self._pools()[1].submit(_gated, self._save, self._store, name, index, data,
                                     records, misfits)
 
+    def open_store(self) -> RecordStore | None:
+        """The node's record store these records use (``None``: none, or not usable)."""
+        return self._open_store()
+
     def _open_store(self) -> RecordStore | None:
         if self.store_dir is None:
             return None

@@ -38,6 +38,7 @@ from stoker.loader.read.arrow_batch import arrow_batch
 from stoker.loader.read.columns import check_categoricals, check_column_names, check_image_column
 from stoker.loader.read.open_shards import OpenShards, ShardOpener
 from stoker.loader.read.order_plan import record_stride
+from stoker.loader.read.staged_files import StagedFiles
 from stoker.loader.read.staging import Stager
 from stoker.manifest import (Manifest, ManifestError, ShardIntegrityError, StokerError, redact_url,
                              resolve_inside)
@@ -162,6 +163,7 @@ class ArrowSource:
                                 budget(row_major_dir) if budget and row_major_dir else None) \
             if self._plan is not None else None
         self._stager: Stager | None = None
+        self._files: StagedFiles | None = None  # stored records of staged rounds
         self._opened_ahead: set[int] = set()  # shards open_for_workers opened
         self._records_mode = self._rm.mode if self._rm is not None else 0  # bytes; -1: any
         self._warm = (warm.start(self._plan, schema, bool(self._rm and self._rm.mode)),
@@ -185,11 +187,31 @@ class ArrowSource:
             return False
         if self._stager is not None:
             self._stager.close()
-        self._shards.random_access = not shards_fit_memory(int(self.manifest.shard_bytes.sum()))
-        self._stager = make(self._plan, lambda s, *rows: [(self._data_of(s), *rows)],
-                            self._opener == self._local_opener)
+        past_memory = not shards_fit_memory(int(self.manifest.shard_bytes.sum()))
+        self._shards.random_access = past_memory
+        files = self._staged_files(past_memory)
+        runs_of: Callable[..., Any] = (lambda s, *rows: [(self._data_of(s), *rows)]) \
+            if files is None else (lambda s, *rows: files.runs_of(s, *rows, self._data_of))
+        self._stager = make(self._plan, runs_of, self._opener == self._local_opener)
+        if self._rm is not None:
+            self._rm.close()
         self._rm = None
         return True
+
+    def _staged_files(self, past_memory: bool) -> StagedFiles | None:
+        """Stored records for the rounds (stoker.loader.read.staged_files): for local shards
+        that do not fit memory, where there is a records directory."""
+        if self._files is not None:
+            self._files.close()
+            self._files = None
+        store = self._rm.open_store() if self._rm is not None else None
+        if not (past_memory and self._local and store is not None):
+            return None
+        stager = lambda: self._stager  # noqa: E731 - the stager built after this
+        self._files = StagedFiles(store, self.manifest, self._plan,  # type: ignore[arg-type]
+                                  lambda: getattr(stager(), "layout", None),
+                                  lambda s: self._local_opener(s).__enter__())
+        return self._files
 
     def _records_fit(self) -> bool:
         """Whether every shard's records fit the records budget (``row_major=True``: always):
@@ -268,6 +290,8 @@ class ArrowSource:
         benchmarks)."""
         if self._rm is not None:
             self._rm.wait()
+        if self._files is not None:
+            self._files.wait()
 
     @property
     def row_major_bytes(self) -> int:
@@ -547,6 +571,8 @@ class ArrowSource:
             self._rm.close()
         if self._stager is not None:
             self._stager.close()
+        if self._files is not None:
+            self._files.close()
         self._shards.release(handles)
 
 
