@@ -8,8 +8,12 @@ Run (the command behind bench/RESULTS.md, "Scale"):
 W1-shaped data (64 float32 features, 8 int64 categoricals, list<float32>[16], int64 label;
 batch 1024, shuffle on, default options) at each size, every case in a fresh process:
 
+- ``stoker node first``: an empty records directory (``<workdir>/stoker-records``) and the
+  page cache dropped: a node's first run, which builds the records it keeps (per-shard
+  records within the records budget; past memory, each staged shard's records,
+  stoker.loader.read.staged_files); builds still queued when the epoch ends are cancelled;
 - ``stoker first``: the page cache is dropped first (root only; otherwise said in the table),
-  so the shards are read from disk as on a node that never read them;
+  so the shards are read from disk, with what the node's earlier runs kept;
 - ``stoker later``: the same again right after (a later run on the node);
 - ``baseline``: a pyarrow row-group loader over the same rows in Parquet (row groups in a
   seeded random order, rows shuffled inside each group, batches of 1024 stacked to NumPy):
@@ -22,7 +26,7 @@ Each case runs ``--repeats`` times (3, in turn with the others) and reports its 
 rows/s over the epoch (or over the first ``--max-seconds`` of it; the clock starts after
 ``import torch``, which a training process has done anyway, and the baseline hands out
 tensors too: ``torch.from_numpy``, no copy), peak RSS of the process, and bytes of derived
-data the loader left on disk (a later stoker run's; the index's record files after its runs);
+data the loader left on disk (the record files in each records directory after the runs);
 the range of the runs is printed beneath the table.
 ``--memory-limit`` runs the largest size's cases in a memory cgroup of that size (page cache
 included), which makes that dataset larger than the memory the loader can use: the machine's 24 GiB of RAM and its free
@@ -162,9 +166,11 @@ def spawn(case: str, data: Path, max_seconds: float, limit: int | None,
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-CASES = (("baseline cold", "baseline", True), ("stoker first", "stoker", True),
-         ("stoker later", "stoker", False), ("baseline warm", "baseline", False),
-         ("index first", "index", True), ("index later", "index", False))
+# (name, case, page cache dropped first, records directory emptied first: a node's first run)
+CASES = (("baseline cold", "baseline", True, False), ("stoker node first", "stoker", True, True),
+         ("stoker first", "stoker", True, False), ("stoker later", "stoker", False, False),
+         ("baseline warm", "baseline", False, False), ("index first", "index", True, True),
+         ("index later", "index", False, False))
 
 
 def run_size(workdir: Path, rows: int, max_seconds: float, limit: int | None,
@@ -175,21 +181,22 @@ def run_size(workdir: Path, rows: int, max_seconds: float, limit: int | None,
     shard_bytes = sum(p.stat().st_size for p in (data / "stoker").rglob("*.arrow"))
     res: dict[str, Any] = {"rows": rows, "shard_bytes": shard_bytes, "memory_limit": limit}
     cases = [c for c in CASES if only is None or c[0] in only]
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in cases}
-    records = workdir / "index-records"  # the index's derived data: a node's first run
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _, _ in cases}
+    records = {"index": workdir / "index-records", "stoker": workdir / "stoker-records"}
     for _ in range(repeats):
-        shutil.rmtree(records, ignore_errors=True)
-        for name, case, cold in cases:
+        for name, case, cold, fresh in cases:
+            if fresh:
+                shutil.rmtree(records[case], ignore_errors=True)
             dropped = _drop_caches() if cold else False
-            r = spawn(case, data, max_seconds, limit, records if case == "index" else None)
+            r = spawn(case, data, max_seconds, limit, records.get(case))
             r["cache_dropped"] = dropped
             runs[name].append(r)
-            res["index_records_bytes"] = sum(p.stat().st_size for p in records.glob("*.rec"))
+            for kind, where in records.items():
+                res[f"{kind}_records_bytes"] = sum(p.stat().st_size for p in where.glob("*.rec"))
             print(f"{rows:>11,} {name:<14} {r['rows_per_s'] / 1e6:6.2f} M rows/s  "
                   f"peak RSS {r['peak_rss'] / 2**20:7.0f} MiB  derived "
                   f"{r['derived_bytes'] / 2**20:6.0f} MiB  ({r['rows']:,} rows in "
                   f"{r['seconds']:.1f} s{', cold' if dropped else ''})", flush=True)
-    shutil.rmtree(records, ignore_errors=True)
     for name, got in runs.items():
         got.sort(key=lambda r: r["rows_per_s"])
         res[name] = {**got[len(got) // 2], "low": got[0]["rows_per_s"],
@@ -199,11 +206,12 @@ def run_size(workdir: Path, rows: int, max_seconds: float, limit: int | None,
 
 def table(results: list[dict[str, Any]]) -> str:
     """Medians of each case (rows/s; the range of the runs beneath the table)."""
-    head = ("| rows | shards GB | memory | stoker first | stoker later | baseline cold | "
-            "baseline warm | first / cold base | later / warm base | index first | index later | "
+    head = ("| rows | shards GB | memory | stoker node first | stoker first | stoker later | "
+            "baseline cold | baseline warm | node first / cold base | first / cold base | "
+            "later / warm base | index first | index later | "
             "index first / cold base | index later / warm base | peak RSS stoker | "
-            "derived data: stoker later | derived data: index |")
-    lines = [head, "|" + "---:|" * 16]
+            "derived data: stoker | derived data: index |")
+    lines = [head, "|" + "---:|" * 18]
     ranges = []
     for r in results:
         def rate(k: str) -> str:
@@ -214,19 +222,20 @@ def table(results: list[dict[str, Any]]) -> str:
 
         later = r.get("stoker later")
         rss = f"{later['peak_rss'] / 2**20:.0f} MiB" if later else "-"
-        derived = f"{later['derived_bytes']} B" if later else "-"
         mem = f"{r['memory_limit'] / 2**30:.0f} GiB cgroup" if r["memory_limit"] else "24 GiB"
         lines.append(
-            f"| {r['rows']:,} | {r['shard_bytes'] / 1e9:.1f} | {mem} | {rate('stoker first')} | "
+            f"| {r['rows']:,} | {r['shard_bytes'] / 1e9:.1f} | {mem} | "
+            f"{rate('stoker node first')} | {rate('stoker first')} | "
             f"{rate('stoker later')} | {rate('baseline cold')} | {rate('baseline warm')} | "
+            f"{ratio('stoker node first', 'baseline cold')} | "
             f"{ratio('stoker first', 'baseline cold')} | {ratio('stoker later', 'baseline warm')} | "
             f"{rate('index first')} | {rate('index later')} | "
             f"{ratio('index first', 'baseline cold')} | {ratio('index later', 'baseline warm')} | "
-            f"{rss} | {derived} | "
+            f"{rss} | {r.get('stoker_records_bytes', 0) / 2**30:.2f} GiB | "
             f"{r.get('index_records_bytes', 0) / 2**30:.2f} GiB |")
         ranges.append(f"{r['rows']:,}: " + ", ".join(
             f"{name} {r[name]['low'] / 1e6:.2f}-{r[name]['high'] / 1e6:.2f}"
-            for name, _, _ in CASES if name in r))
+            for name, _, _, _ in CASES if name in r))
     return "\n".join(lines + ["", "Range of the runs (M rows/s):"] + ranges)
 
 

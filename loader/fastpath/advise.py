@@ -46,8 +46,7 @@ if TYPE_CHECKING:
     from stoker.loader.fastpath.plan import ShardData
     from stoker.loader.fastpath.rowmajor import Field
 
-__all__ = ["advise_list_offsets", "advise_open", "advise_random", "advise_record_runs",
-           "advise_runs", "memory_limit",
+__all__ = ["advise_list_offsets", "advise_open", "advise_random", "advise_runs", "memory_limit",
            "page_ranges", "run_byte_ranges", "shards_fit_memory"]
 
 _PAGE = mmap.PAGESIZE
@@ -202,18 +201,6 @@ def advise_runs(d: ShardData, fields: Sequence[Field], first: np.ndarray,
         total += _advise_all(fn, base, _absent(base, page_ranges(
             _ranges(d, fields, pieces, values=True), arena.size)))
     return total
-
-
-def advise_record_runs(records: np.ndarray, first: np.ndarray, end: np.ndarray) -> int:
-    """Advise the pages of rows ``first[i]:end[i]`` of mapped records (uint8 ``[rows,
-    stride]``, a file mapping from its start) that are not in the page cache: one read per
-    run, all queued at once (stoker.loader.read.staged_files); returns the bytes advised."""
-    fn = _libc_fn("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    base, stride = records.ctypes.data, records.shape[1]
-    if fn is None or base % _PAGE or not len(first):
-        return 0
-    ranges = np.stack([np.asarray(first, np.int64) * stride, np.asarray(end, np.int64) * stride])
-    return _advise_all(fn, base, _absent(base, page_ranges(ranges, records.nbytes)))
 
 
 def advise_open(arena: object) -> int:

@@ -141,22 +141,6 @@ class RecordStore:
             pass
         return data[:nbytes]
 
-    def map(self, name: str, nbytes: int) -> np.ndarray | None:
-        """File ``name``'s records (read-only, ``nbytes`` long) mapped as they are: neither
-        read in nor verified (the caller vouches for them: stoker.loader.read.staged_files);
-        ``None`` when there is no such file of that size."""
-        try:
-            fd = os.open(self._path(name), os.O_RDONLY)
-        except FileNotFoundError:
-            return None
-        try:
-            if os.fstat(fd).st_size != nbytes + _TRAILER:
-                return None
-            region = mmap.mmap(fd, nbytes + _TRAILER, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-        finally:
-            os.close(fd)
-        return np.frombuffer(region, dtype=np.uint8)[:nbytes]
-
     def path(self, name: str) -> str:
         """Where file ``name`` is (or would be)."""
         return self._path(name)

@@ -35,7 +35,7 @@ from stoker.loader.order.epoch import EpochOrder, OrderOptions
 from stoker.loader.fastpath.record_table import _gather
 from stoker.loader.fastpath.rowmajor import _TILE, Field, RecordLayout, _allocate
 from stoker.loader.order.working_set import STAGED_ROUNDS
-from stoker.loader.fastpath.advise import advise_record_runs, advise_runs
+from stoker.loader.fastpath.advise import advise_runs
 
 if TYPE_CHECKING:
     from stoker.loader.fastpath.plan import FastPlan, ShardData
@@ -430,14 +430,11 @@ class StagedRecords:
     Parquet row group, transposed once when it is decoded (stoker.loader.read.indexed.row_groups),
     so a round's runs are copied out whole instead of column by column."""
 
-    def __init__(self, records: np.ndarray, mapped: bool = False) -> None:
+    def __init__(self, records: np.ndarray) -> None:
         self.records = records
-        self.mapped = mapped  # a file's mapping (stoker.loader.read.staged_files)
 
     def copy_runs(self, rec: np.ndarray, first: np.ndarray, end: np.ndarray,
                   dest: np.ndarray) -> None:
-        if self.mapped:  # each run one read, all in flight before the copies wait on them
-            advise_record_runs(self.records, first, end)
         for lo, hi, to in zip(first.tolist(), end.tolist(), dest.tolist()):
             rec[to:to + hi - lo] = self.records[lo:hi]
 

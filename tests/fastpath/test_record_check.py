@@ -211,3 +211,17 @@ def test_a_foreign_file_found_when_saving_is_checked_before_it_replaces_built_re
     assert victim.read_bytes() == original  # deleted, then this process's records saved
     src.close()
 
+
+
+def test_sample_block_is_the_ends_and_one_fresh_run() -> None:
+    """Past memory a scattered row costs a read per column: the block is one run between the
+    ends, at an offset that changes from draw to draw."""
+    starts = set()
+    for _ in range(20):
+        rows = record_check.sample_block(1_000_000, 64)
+        inner = rows[1:-1]
+        assert rows[0] == 0 and rows[-1] == 999_999 and len(inner) == 64
+        assert np.array_equal(np.diff(inner), np.ones(63, dtype=np.int64))
+        starts.add(int(inner[0]))
+    assert len(starts) > 15
+    assert np.array_equal(record_check.sample_block(50, 64), np.arange(50))
