@@ -207,9 +207,14 @@ class ArrowSource:
         store = self._rm.open_store() if self._rm is not None else None
         if not (past_memory and self._local and store is not None):
             return None
-        stager = lambda: self._stager  # noqa: E731 - the stager built after this
+        need = int(self.shard_rows.sum()) * self._stride
+        if need > store.limit:  # they would evict each other every epoch, rebuilt forever
+            note("records_not_saved", f"{need} bytes of records for the staged rounds exceed "
+                                      f"the records directory's limit of {store.limit} bytes "
+                                      f"({store.root}): rounds read the shards' columns")
+            return None
         self._files = StagedFiles(store, self.manifest, self._plan,  # type: ignore[arg-type]
-                                  lambda: getattr(stager(), "layout", None),
+                                  lambda: getattr(self._stager, "layout", None),
                                   lambda s: self._local_opener(s).__enter__())
         return self._files
 
@@ -368,7 +373,10 @@ class ArrowSource:
         if self._plan is not None and len(ids):
             slot = self._ring.acquire()
             try:
-                twins = self.numba_free or not warm.ready(*self._warm)  # or still compiling:
+                # or still compiling (past memory the kernels are waited for: a batch from
+                # the columns there costs a disk read per column and row)
+                twins = self.numba_free or (not self._shards.random_access and
+                                            not warm.ready(*self._warm))
                 try:  # their NumPy twins write the same bytes now, from the same shards
                     filled, groups, rest = self._gather_twins(ids, slot) if twins \
                         else self._gather_records(ids, slot, epoch, seed)

@@ -95,6 +95,7 @@ class StagedFiles:
         self._queued: set[int] = set()  # shards built, or being built, by this process
         self._lock = threading.Lock()
         self._pool: tuple[int, ThreadPoolExecutor] | None = None
+        self._owner = os.getpid()  # builds here only: forked workers would build it again
         self.runs_from_files = 0  # shards' runs of a round copied from files (statistics)
         self.built = 0  # record files this process wrote
 
@@ -166,10 +167,10 @@ class StagedFiles:
     # -- building ----------------------------------------------------------------------------
     def _build_later(self, shard: int, layout: RecordLayout) -> None:
         with self._lock:
-            if shard in self._queued:
+            if shard in self._queued or os.getpid() != self._owner:
                 return
             self._queued.add(shard)
-            if self._pool is None or self._pool[0] != os.getpid():  # none yet, or forked
+            if self._pool is None:
                 self._pool = (os.getpid(),
                               ThreadPoolExecutor(1, thread_name_prefix="stoker-staged-records"))
             pool = self._pool[1]

@@ -102,3 +102,21 @@ def test_in_memory_datasets_build_no_files(dataset: Path, tmp_path: Path) -> Non
     assert dl._source.stager is not None and dl._source._files is None
     dl.close()
     assert not list(tmp_path.glob("*.rec"))
+
+
+def test_records_larger_than_the_directory_limit_are_not_built(
+        dataset: Path, tmp_path: Path, past_memory: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files that cannot all be kept would evict one another every epoch: none are built,
+    and the loader says so."""
+    import functools
+
+    from stoker.loader.fastpath import shard_records
+
+    monkeypatch.setattr(shard_records, "RecordStore", functools.partial(RecordStore, limit=4096))
+    columns, dl = _epochs(dataset, False)
+    dl.close()
+    got, dl = _epochs(dataset, tmp_path)
+    assert dl._source._files is None and dl.stats.fallbacks.get("records_not_saved") == 1
+    dl.close()
+    assert not list(tmp_path.glob("*.rec"))
+    _same(got, columns)
