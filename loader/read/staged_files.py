@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -48,31 +49,40 @@ from stoker.loader.jit import executors, fork_gate
 from stoker.loader.read.staging import StagedRecords
 from stoker.manifest import Manifest, ShardIntegrityError
 
-__all__ = ["FileRecords", "StagedFiles"]
+__all__ = ["FileRecords", "StagedFiles", "hashed_before", "note_hashed"]
 
 logger = logging.getLogger(__name__)
 
 _NOTE = ".ok"  # beside a record file: the device, inode and size it had when it hashed right
 
 
-def _read(path: str) -> str | None:
+def hashed_before(path: str) -> bool:
+    """Whether record file ``path`` hashed right before, and is the same file (device,
+    inode, size) now: a record file is written once, to a new inode by an atomic rename."""
     try:
-        with open(path, encoding="ascii") as f:
-            return f.read()
+        st = os.stat(path)
+        with open(f"{path}{_NOTE}", encoding="ascii") as f:
+            return f.read() == _line(st)
     except (OSError, UnicodeDecodeError):
-        return None
+        return False
 
 
-def _write(path: str, line: str) -> None:
-    """Written atomically; failing to write it costs a later process one hash."""
-    tmp = f"{path}.{os.getpid()}.tmp"
+def note_hashed(path: str) -> None:
+    """Note that record file ``path`` hashed right (atomically); failing to costs a later
+    process one hash."""
+    tmp = f"{path}{_NOTE}.{os.getpid()}.tmp"
     try:
+        line = _line(os.stat(path))
         with open(tmp, "w", encoding="ascii") as f:
             f.write(line)
-        os.replace(tmp, path)
+        os.replace(tmp, f"{path}{_NOTE}")
     except OSError as exc:
-        logger.warning("a checked record file will be hashed again: cannot write %s (%s)",
+        logger.warning("a checked record file will be hashed again: cannot note %s (%s)",
                        path, exc)
+
+
+def _line(st: os.stat_result) -> str:
+    return f"{st.st_dev} {st.st_ino} {st.st_size}"
 
 
 class StagedFiles:
@@ -138,16 +148,13 @@ class StagedFiles:
                data_of: Callable[[int], ShardData]) -> bool:
         """Whether file ``name`` holds shard ``shard``'s records (see the module docstring)."""
         path = self._store.path(name)
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
+        if not os.path.exists(path):
             return False
         rows = int(self._manifest.shard_rows[shard])
-        note_path, line = f"{path}{_NOTE}", f"{st.st_dev} {st.st_ino} {st.st_size}"
-        if _read(note_path) != line:
+        if not hashed_before(path):
             if self._store.open(name, rows * layout.stride) is None:  # hashed whole
                 return False
-            _write(note_path, line)
+            note_hashed(path)
         try:
             os.utime(path)  # recency for the store's size bound
             with FileRecords(os.open(path, os.O_RDONLY), layout.stride) as records:
@@ -214,14 +221,15 @@ class StagedFiles:
 
 
 class FileRecords(StagedRecords):
-    """A shard's stored records read from their file (an open descriptor, closed after one
-    round's copies): each run one ``preadv`` straight into the round's buffer. Read, not
+    """Stored records read from their file (an open descriptor, closed with the object or on
+    ``with`` exit): each run one ``preadv`` straight into the round's buffer. Read, not
     mapped: pages of a mapping stay charged to the process until reclaimed, and past memory
     they crowded the next rounds' reads out (20 M W1 rows in 6 GiB: 11 GB read for 7.8 GB
-    of records an epoch)."""
+    of records an epoch). Reads give explicit offsets: threads may share one."""
 
     def __init__(self, fd: int, stride: int) -> None:
         self.fd, self.stride = fd, stride
+        self._close = weakref.finalize(self, os.close, fd)
         if hasattr(os, "posix_fadvise"):  # exactly the runs: no read-ahead past them
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
 
@@ -229,7 +237,7 @@ class FileRecords(StagedRecords):
         return self
 
     def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)
+        self._close()
 
     def _read(self, out: np.ndarray, row: int) -> None:
         view = memoryview(out).cast("B")
@@ -248,6 +256,5 @@ class FileRecords(StagedRecords):
 
     def copy_runs(self, rec: np.ndarray, first: np.ndarray, end: np.ndarray,
                   dest: np.ndarray) -> None:
-        with self:
-            for lo, hi, to in zip(first.tolist(), end.tolist(), dest.tolist()):
-                self._read(rec[to:to + hi - lo], lo)
+        for lo, hi, to in zip(first.tolist(), end.tolist(), dest.tolist()):
+            self._read(rec[to:to + hi - lo], lo)

@@ -21,16 +21,18 @@ import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
 
 from stoker.loader.fallbacks import note
+from stoker.loader.fastpath import record_check
 from stoker.loader.fastpath.record_store import RecordStore
 from stoker.loader.fastpath.rowmajor import RecordLayout
 from stoker.loader.fastpath.shard_records import lower_priority
 from stoker.loader.jit import executors, fork_gate
+from stoker.loader.read.staged_files import FileRecords, hashed_before, note_hashed
 
 __all__ = ["CHECKED_COLUMNS", "GroupRecords", "first_mismatch"]
 
@@ -42,11 +44,15 @@ CHECKED_COLUMNS = 2  # columns of a group decoded to check its stored records
 _PENDING = 8
 
 
-def first_mismatch(layout: RecordLayout, table: pa.Table, records: np.ndarray) -> str | None:
+def first_mismatch(layout: RecordLayout, table: pa.Table, records: np.ndarray,
+                   rows: np.ndarray | None = None) -> str | None:
     """The first column of ``table`` (some of a group's columns, decoded) whose values are
     not what ``records`` (``uint8 [rows, stride]``) hold for it, or ``None``. The records are
     those of plain columns (:func:`~stoker.loader.read.indexed.row_groups.plain_records`), so a
-    value's bytes are the column's own."""
+    value's bytes are the column's own. ``rows``: ``records`` holds only these rows of the
+    group (sorted), and only they are compared."""
+    if rows is not None:
+        table = table.take(pa.array(rows))
     for f in layout.fields:
         view = records[:, f.offset:f.offset + f.nbytes].view(f.dtype)
         for j, name in enumerate(f.columns):
@@ -76,8 +82,10 @@ class GroupRecords:
     """
 
     def __init__(self, store: RecordStore, file_hash: Callable[[int], str],
-                 read: Callable[[int, int, list[str]], pa.Table]) -> None:
+                 read: Callable[[int, int, list[str]], pa.Table],
+                 past_memory: bool = False) -> None:
         self._store, self._hash, self._read = store, file_hash, read
+        self._past_memory = past_memory
         self._pool: tuple[int, ThreadPoolExecutor] | None = None
         self._pending = 0
         self._lock = threading.Lock()
@@ -87,19 +95,39 @@ class GroupRecords:
         return self._store.name(f"{self._hash(file)}:row-group-{group}", rows, layout.key())
 
     def open(self, file: int, group: int, rows: int,
-             layout: RecordLayout) -> np.ndarray | None:
+             layout: RecordLayout) -> np.ndarray | FileRecords | None:
         """The group's stored records (``uint8 [rows, stride]``, read-only), checked against
-        the file; ``None`` when there are none (or they differed: deleted, counted)."""
+        the file; ``None`` when there are none (or they differed: deleted, counted). Past
+        memory (``past_memory``) they are read, not mapped (a :class:`FileRecords`), hashed
+        only the first time (a note beside the file), and checked at a run of rows, not all
+        of them (stoker.loader.read.staged_files says why)."""
         name = self._name(file, group, rows, layout)
-        found = self._store.open(name, rows * layout.stride)
-        if found is None:
-            return None
-        records = found.reshape(rows, layout.stride)
+        path = self._store.path(name)
+        if self._past_memory and hashed_before(path):
+            try:
+                records: Any = FileRecords(os.open(path, os.O_RDONLY), layout.stride)
+            except FileNotFoundError:
+                return None
+        else:
+            found = self._store.open(name, rows * layout.stride)
+            if found is None:
+                return None
+            records = found.reshape(rows, layout.stride)
+            if self._past_memory:
+                note_hashed(path)
+                del found, records  # the mapping goes: its pages stay charged to the process
+                try:
+                    records = FileRecords(os.open(path, os.O_RDONLY), layout.stride)
+                except FileNotFoundError:
+                    return None
+        checked = None
+        if isinstance(records, FileRecords):
+            checked = record_check.sample_block(rows)
         columns = [c for f in layout.fields for c in f.columns]
         picked = np.random.default_rng().choice(len(columns), min(CHECKED_COLUMNS,
                                                                  len(columns)), replace=False)
         bad = first_mismatch(layout, self._read(file, group, [columns[i] for i in picked]),
-                             records)
+                             records if checked is None else records[checked], checked)
         if bad is not None:
             note("records_mismatch", f"row group {group} of indexed file {file}: stored records "
                                      f"{name} in {self._store.root} differ from the file in "

@@ -187,7 +187,11 @@ class RowGroups:
             return None
         rows = self._group_rows(key[0])[key[1]]
         records = self.stored.open(key[0], key[1], int(rows), layout)
-        return None if records is None else (StagedRecords(records), records.nbytes)
+        if records is None:
+            return None
+        if isinstance(records, StagedRecords):  # read from its file, past memory
+            return records, int(rows) * layout.stride
+        return StagedRecords(records), records.nbytes
 
     def _decode(self, key: tuple[int, int]) -> tuple[ShardData | StagedRecords, int]:
         batches = self._read(*key).combine_chunks().to_batches()

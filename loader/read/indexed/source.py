@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from stoker.loader.read.arrow import ArrowSource, Digest
 from stoker.loader.fallbacks import note
+from stoker.loader.fastpath.advise import shards_fit_memory
 from stoker.loader.fastpath.plan import FastPlan
 from stoker.loader.fastpath.record_store import RecordStore
 from stoker.loader.read.indexed.group_records import GroupRecords
@@ -162,7 +163,8 @@ class IndexSource(ArrowSource):
                                       "row groups are decoded on every run")
             return None
         return GroupRecords(store, lambda f: self.manifest.shards[f].xxh3_128,
-                            self._verified_group)
+                            self._verified_group,
+                            not shards_fit_memory(int(self.manifest.shard_bytes.sum())))
 
     def _verified_group(self, index: int, group: int,
                         columns: list[str] | None = None) -> pa.Table:
