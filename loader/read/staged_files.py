@@ -21,10 +21,12 @@ A stored file is checked before it is served, once per process: its checksum (re
 whole), unless a note beside it says this file (device, inode, size) already hashed right, so
 a later process does not read every file twice in its first epoch past memory (a record file
 is written once, to a new inode by an atomic rename, and never in place; what the note cannot
-see is a byte that rots in place), then the shard's columns at its first and last rows and a run of rows from a random offset
-(:func:`stoker.loader.fastpath.record_check.sample_block`: past memory, each scattered row
-would cost a disk read per column); records that differ are the counted
-``"records_mismatch"``: deleted, rebuilt, and the columns serve the shard meanwhile.
+see is a byte that rots in place), then the shard's columns at its first and last rows and
+a run of rows from a random offset (:func:`stoker.loader.fastpath.record_check.sample_block`:
+past memory, each scattered row would cost a disk read per column); records that differ are
+the counted ``"records_mismatch"``: deleted, rebuilt, and the columns serve the shard
+meanwhile. Indexed Parquet's stored row-group records past memory are read and checked the
+same way (stoker.loader.read.indexed.group_records).
 """
 
 from __future__ import annotations
