@@ -103,25 +103,20 @@ class GroupRecords:
         of them (stoker.loader.read.staged_files says why)."""
         name = self._name(file, group, rows, layout)
         path = self._store.path(name)
-        if self._past_memory and hashed_before(path):
-            try:
-                records: Any = FileRecords(os.open(path, os.O_RDONLY), layout.stride)
-            except FileNotFoundError:
-                return None
-        else:
-            found = self._store.open(name, rows * layout.stride)
+        records: Any = None
+        checked = None
+        if not (self._past_memory and hashed_before(path)):
+            found = self._store.open(name, rows * layout.stride)  # hashed whole
             if found is None:
                 return None
             records = found.reshape(rows, layout.stride)
-            if self._past_memory:
+        if self._past_memory:  # the mapping goes: its pages stay charged to the process
+            if records is not None:
                 note_hashed(path)
-                del found, records  # the mapping goes: its pages stay charged to the process
-                try:
-                    records = FileRecords(os.open(path, os.O_RDONLY), layout.stride)
-                except FileNotFoundError:
-                    return None
-        checked = None
-        if isinstance(records, FileRecords):
+            try:
+                records = FileRecords(os.open(path, os.O_RDONLY), layout.stride)
+            except FileNotFoundError:
+                return None
             checked = record_check.sample_block(rows)
         columns = [c for f in layout.fields for c in f.columns]
         picked = np.random.default_rng().choice(len(columns), min(CHECKED_COLUMNS,
