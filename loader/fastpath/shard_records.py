@@ -98,7 +98,7 @@ class ShardRecords:
             if self.mode == 0:
                 return
             if self.table is None:
-                self._store = self._open_store()
+                self._store = self.open_store()
                 layout = rowmajor.RecordLayout.of(self._plan, batches)
                 if layout is None:
                     self.mode = 0
@@ -201,9 +201,6 @@ class ShardRecords:
 
     def open_store(self) -> RecordStore | None:
         """The node's record store these records use (``None``: none, or not usable)."""
-        return self._open_store()
-
-    def _open_store(self) -> RecordStore | None:
         if self.store_dir is None:
             return None
         try:

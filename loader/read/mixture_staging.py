@@ -120,9 +120,8 @@ class MixtureStager:
         the rounds looked up (:meth:`_keys`, ~0.1 ms a source) and the batch read again."""
         src = source_of(ids, self._offsets)
         present = np.flatnonzero(np.bincount(src, minlength=len(self._stagers))).tolist()
-        latest = [(i, self._latest[i]) for i in present]
-        keys = {i: [key] for i, key in latest
-                if key is not None and key[1] == seed and self._stagers[i].staged(key)}
+        keys = {i: [self._latest[i]] for i in present if self._latest[i] is not None and
+                self._latest[i][1] == seed and self._stagers[i].staged(self._latest[i])}
         got = self._read(ids, slot, keys) if len(keys) == len(present) else None
         if got is None or len(got[1]):
             lacking = set(present) - set(keys) if got is None else \

@@ -9,6 +9,7 @@ pass (``pick div N_i``) at ``pick mod N_i``.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -45,6 +46,22 @@ def pairs(batches: Iterable[Any]) -> list[tuple[int, int]]:
     """(source, id) of every sample of ``batches``, in order."""
     return [(int(s), int(i)) for b in batches
             for s, i in zip(b["source"].tolist(), b["id"].tolist())]
+
+
+def pairs_until(dl: Any, stop: int) -> tuple[list[tuple[int, int]], dict]:
+    """(source, id) of ``dl``'s first ``stop`` batches (across epochs), and the JSON-plain
+    state after them; ``dl`` is closed."""
+    got: list[tuple[int, int]] = []
+    done = 0
+    while done < stop:
+        for b in dl:
+            got += pairs([b])
+            done += 1
+            if done == stop:
+                break
+    state = json.loads(json.dumps(dl.state_dict()))
+    dl.close()
+    return got, state
 
 
 def expected(mixture: Mixture, seed: int, start: int, stop: int,

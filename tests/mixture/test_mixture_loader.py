@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from mixture_helpers import expected, make_source, pairs
+from mixture_helpers import expected, make_source, pairs, pairs_until
 from stoker.loader import DataLoader, ShuffleOptions, WorkerOptions
 from stoker.loader.order.mixture import Mixture
 
@@ -117,16 +117,7 @@ def test_resume_with_other_workers_continues_exactly(sources, trial: int) -> Non
     ref = pairs(_epochs(DataLoader(mix, **kw), 3))
     steps = len(DataLoader(mix, **kw))
     stop = random.Random(trial).randrange(1, 3 * steps - 1)
-    dl = DataLoader(mix, num_workers=[0, 2, 4, 3][trial], **kw)
-    got, done = [], 0
-    while done < stop:
-        for b in dl:
-            got += pairs([b])
-            done += 1
-            if done == stop:
-                break
-    state = json.loads(json.dumps(dl.state_dict()))
-    dl.close()
+    got, state = pairs_until(DataLoader(mix, num_workers=[0, 2, 4, 3][trial], **kw), stop)
     resumed = DataLoader(mix, num_workers=[4, 0, 2, 1][trial],
                          workers=WorkerOptions(mode="process" if trial == 3 else "thread"),
                          **kw)

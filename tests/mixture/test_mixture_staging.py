@@ -4,7 +4,6 @@ rank and resume; its default partitions fit the sources' summed staging."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from mixture_helpers import expected, make_source, pairs
+from mixture_helpers import expected, make_source, pairs, pairs_until
 from stoker.loader import DataLoader, ReadOptions, ShuffleOptions, WorkerOptions
 from stoker.loader.order.mixture import Mixture
 from stoker.loader.order.options import OrderOptions
@@ -104,16 +103,7 @@ def test_each_rank_stages_its_own_partitions(big: Mixture, world: int) -> None:
 def test_staged_resume_continues_exactly(big: Mixture, stop: int) -> None:
     kw = dict(shuffle=SHUFFLE, read=ReadOptions(row_major="staged"), **KW)
     ref = pairs(_read(DataLoader(big, **kw), 2))
-    dl = DataLoader(big, num_workers=2, **kw)
-    got, done = [], 0
-    while done < stop:
-        for b in dl:
-            got += pairs([b])
-            done += 1
-            if done == stop:
-                break
-    state = json.loads(json.dumps(dl.state_dict()))
-    dl.close()
+    got, state = pairs_until(DataLoader(big, num_workers=2, **kw), stop)
     resumed = DataLoader(big, **kw)
     resumed.load_state_dict(state)
     while resumed.epoch < 2:
