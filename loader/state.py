@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
 from stoker.loader.errors import StateError
+from stoker.loader.order.mixture_order import MIXTURE_ORDER
 
 __all__ = ["STATE_FORMAT", "Cursor", "LoaderState"]
 
@@ -57,9 +58,14 @@ class LoaderState:
     def check_compatible(self, current: "LoaderState") -> None:
         """Raise StateError unless this saved state can continue in ``current``'s loader."""
         if self.fingerprint != current.fingerprint:
+            why = ("" if current.kind != "mixture" else
+                   " A mixture's fingerprint also covers the rule its sources' order options "
+                   f"follow, now {MIXTURE_ORDER!r} (each source takes a share of the partitions "
+                   "in proportion to its size): a state saved under an earlier rule cannot "
+                   "continue.")
             raise StateError(f"the state was saved for dataset fingerprint {self.fingerprint!r}, "
                              f"but this loader reads {current.fingerprint!r}; load it into a "
-                             "loader over the same dataset.")
+                             f"loader over the same dataset.{why}")
         for name, why in (("kind", "dataset kind"), ("mode", "ordering mode (sampler vs order)"),
                           ("num_samples", "number of samples"), ("drop_last", "drop_last"),
                           ("global_batch", "global batch size (batch_size x world_size)")):

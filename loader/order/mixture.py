@@ -34,6 +34,7 @@ import numpy as np
 
 from stoker.loader.order.blend import BLEND_ALGORITHM, Blend, BlendError, exact_weight
 from stoker.loader.order.mixture_file import MIXTURE_FORMAT
+from stoker.loader.order.mixture_order import MIXTURE_ORDER
 from stoker.manifest import Manifest, ManifestError, canonical_json, hash_bytes, is_url, redact_url
 
 __all__ = ["Mixture", "MixtureError"]
@@ -60,7 +61,8 @@ class Mixture:
         manifests: the sources' manifests, in ``names`` order.
         sizes: samples per source.
         blend: the position -> (source, pick) rule.
-        fingerprint: xxh3-128 of the names, the sources' fingerprints and the exact weights.
+        fingerprint: xxh3-128 of the names, the sources' fingerprints, the exact weights and
+            the rule of the sources' order options (``MIXTURE_ORDER``).
     """
 
     def __init__(self, sources: Mapping[str, Any], weights: Mapping[str, Any] | None = None,
@@ -81,7 +83,7 @@ class Mixture:
         self.blend = Blend(segments)
         self.schedule = tuple((int(s), dict(zip(self.names, ws)))
                               for s, ws in zip(self.blend.starts, self.blend.weights))
-        ident = {"algorithm": BLEND_ALGORITHM, "sources": [[n, m.fingerprint] for n, m in
+        ident = {"algorithm": BLEND_ALGORITHM, "order": MIXTURE_ORDER, "sources": [[n, m.fingerprint] for n, m in
                                                            zip(self.names, self.manifests)],
                  "segments": self.blend.to_dict()["segments"]}
         self.fingerprint = hash_bytes(canonical_json(ident))

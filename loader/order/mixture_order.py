@@ -4,8 +4,9 @@ A mixture sample id is ``offset_i + id``: sample ``id`` of source ``i``, whose i
 ``offset_i = N_0 + ... + N_{i-1}`` (the sources' samples concatenated in ``Mixture.names``
 order). Epoch ``e`` covers global stream positions ``[e * L, (e + 1) * L)`` with
 ``L = sum N_i``; position ``g`` is pick ``j`` of source ``i`` by the blend, and that pick is
-``EpochOrder(source i, seed, epoch=j div N_i).ids_at(j mod N_i)``: each pass of a source is
-its own permutation, a new pass a new one. Ranks take positions ``k % world_size == rank`` of
+``EpochOrder(source i, seed, epoch=j div N_i, options_i).ids_at(j mod N_i)``: each pass of a
+source is its own permutation, a new pass a new one. ``options_i`` are the loader's order
+options with source ``i``'s share of the partitions (:func:`source_options`). Ranks take positions ``k % world_size == rank`` of
 each global batch, as for one dataset, so the union of the ranks' batches is the global batch
 whatever the world size.
 
@@ -15,11 +16,12 @@ loader, its samplers and the audit use (``num_samples``, ``ids``, ``ids_at``, ``
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -29,12 +31,36 @@ from stoker.loader.order.mixture_kernel import pick_spans, place
 from stoker.loader.order.options import check_window
 from stoker.loader.order.windows import Windows
 
-__all__ = ["MixtureOrder", "PassOrders", "source_order"]
+__all__ = ["MIXTURE_ORDER", "MixtureOrder", "PassOrders", "source_options", "source_order"]
+
+# the rule that maps a mixture's order options to its sources' (source_options); part of a
+# mixture's fingerprint, so a state or ledger written under another rule is refused
+MIXTURE_ORDER = "stoker.mixture-order/2"
 
 # positions per chunk: a mixture chunk calls a kernel per source and pass, each call a GIL
 # hand-over for the order thread; W1 with 2 thread workers read 79-81 % of the single source's
 # rows/s with chunks of 65,536 against 72-75 % with 16,384 and 73 % with 262,144 (same runs)
 _CHUNK = 65_536
+
+
+def source_options(options: OrderOptions, sizes: Sequence[int]) -> tuple[OrderOptions, ...]:
+    """Each source's pass-order options: ``options`` with the partitions cut in proportion to
+    the source's size, ``P_i = max(1, round(P * N_i / sum N))``.
+
+    Every source's partitions are then about as long as those of one dataset holding all the
+    mixture's rows under ``options``, and a window of the stream draws from about as many
+    blocks as that dataset's would. With ``P`` for every source (stoker.mixture-order/1),
+    the small sources' partitions were shorter than a block: their order cost up to twice as
+    much per id (a short block's Feistel walk), a batch spread over every source's ``P``
+    blocks, and staging a round of every source held the sources' count times one dataset's
+    (bench/RESULTS.md "Mixtures"). A mixture's ranks take positions of its stream, never
+    partitions, so ``P_i`` need not be divisible by the world size.
+    """
+    if not options.shuffle:
+        return tuple(options for _ in sizes)
+    total, P = sum(int(n) for n in sizes), int(options.partitions)
+    return tuple(dataclasses.replace(options, partitions=max(1, (2 * P * int(n) + total)
+                                                             // (2 * total))) for n in sizes)
 
 
 class PassOrders:
@@ -45,6 +71,7 @@ class PassOrders:
     def __init__(self, shard_rows: list[np.ndarray], fingerprints: list[str], seed: int,
                  options: OrderOptions, keep: int = 64) -> None:
         self._rows, self._fps, self.seed, self.options = shard_rows, fingerprints, seed, options
+        self._each = source_options(options, [int(np.sum(r)) for r in shard_rows])
         self._keep = keep
         self._cache: OrderedDict[tuple[int, int], EpochOrder] = OrderedDict()
         self._lock = threading.Lock()
@@ -91,7 +118,8 @@ class PassOrders:
             if order is not None:
                 self._cache.move_to_end(key)
                 return order
-        order = EpochOrder(self._rows[source], self._fps[source], self.seed, pass_, self.options)
+        order = EpochOrder(self._rows[source], self._fps[source], self.seed, pass_,
+                           self._each[source])
         with self._lock:
             self._cache[key] = order
             while len(self._cache) > self._keep:

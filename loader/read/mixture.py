@@ -234,8 +234,7 @@ class MixtureSource:
         # one kernel call for the group: each call hands the GIL over and back
         src = source_of(np.concatenate([np.asarray(b, dtype=np.int64) for b in batches]),
                         self._offsets)
-        cuts = np.cumsum([len(b) for b in batches])[:-1]
-        columns = [torch.from_numpy(part) for part in np.split(src, cuts)]
+        columns = torch.from_numpy(src).split([len(b) for b in batches])
         pending = iter(columns)  # the reader digests the batches in order
 
         def with_source(batch: dict[str, Any], arrays: Any) -> Any:

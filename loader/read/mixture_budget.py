@@ -33,6 +33,7 @@ from typing import Sequence
 import numpy as np
 
 from stoker.loader.fastpath.rowmajor import _physical_memory
+from stoker.loader.order.mixture_order import source_options
 from stoker.loader.order.options import OrderOptions
 from stoker.loader.order.working_set import (PARTITION_LADDER, STAGING_LIMIT, WorkingSet,
                                              working_set)
@@ -100,8 +101,9 @@ def mixture_plan(manifests: Sequence[Manifest], names: Sequence[str], plan: Orde
 
 def _each(manifests: Sequence[Manifest], options: OrderOptions, stride: int,
           readers: int) -> list[WorkingSet]:
-    return [working_set(m.shard_rows, m.shard_bytes, options.resolve(m.shard_rows), 1, stride,
-                        readers=readers) for m in manifests]
+    each = source_options(options, [int(np.sum(m.shard_rows)) for m in manifests])
+    return [working_set(m.shard_rows, m.shard_bytes, opts.resolve(m.shard_rows), 1, stride,
+                        readers=readers) for m, opts in zip(manifests, each)]
 
 
 def split_cache_limit(limit: int, needs: Sequence[int], sizes: Sequence[int],

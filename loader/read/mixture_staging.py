@@ -44,6 +44,7 @@ from stoker.loader.fastpath.ring import Slot
 from stoker.loader.fastpath.rowmajor import Field, RecordLayout
 from stoker.loader.order.epoch import OrderOptions
 from stoker.loader.order.mixture_kernel import source_of
+from stoker.loader.order.mixture_order import source_options
 from stoker.loader.read.staging import Stager, gather_rounds, round_table
 
 __all__ = ["MixtureStager"]
@@ -58,7 +59,8 @@ class MixtureStager:
 
     Args:
         plan: the reader's fast plan.
-        options: resolved, shuffled order options (every source's passes use them).
+        options: resolved, shuffled order options (each source's passes use its share of the
+            partitions, :func:`~stoker.loader.order.mixture_order.source_options`).
         mixture: the :class:`~stoker.loader.order.mixture.Mixture` (sizes, offsets, blend).
         runs_of: the reader's ``runs_of(shard, firsts, ends, dests)`` over its shards (every
             source's, concatenated in ``mixture.names`` order).
@@ -72,11 +74,12 @@ class MixtureStager:
         self._sizes = np.asarray(mixture.sizes, dtype=np.int64)
         self._stagers: list[Stager] = []
         first_shard = 0
+        each = source_options(options, mixture.sizes)
         for i, manifest in enumerate(mixture.manifests):
             rows = np.asarray(manifest.shard_rows, dtype=np.int64)
             starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
             self._stagers.append(Stager(
-                plan, options, 0, 1, rows, manifest.fingerprint, starts,
+                plan, each[i], 0, 1, rows, manifest.fingerprint, starts,
                 lambda s, *runs, base=first_shard: runs_of(base + s, *runs),
                 stage_ahead=stage_ahead, id_offset=int(self._offsets[i])))
             first_shard += len(rows)

@@ -4,12 +4,14 @@ Every source has the same columns: ``id`` (the sample's id within its source, so
 observable), ``x`` (float32), ``seq`` (list<float32> of id % 3 values) and ``name``. The model
 follows the docstrings of ``stoker.loader.order.mixture`` and ``stoker.loader.order.mixture_order``: the
 blend's (source, pick) per global position, then ``EpochOrder`` of that source for the pick's
-pass (``pick div N_i``) at ``pick mod N_i``.
+pass (``pick div N_i``) at ``pick mod N_i``, under that source's share of the partitions.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -70,10 +72,14 @@ def expected(mixture: Mixture, seed: int, start: int, stop: int,
     src, pick = mixture.blend.picks(start, stop)
     out = []
     orders: dict[tuple[int, int], EpochOrder] = {}
+    total, P = sum(mixture.sizes), options.partitions
     for i, j in zip(src.tolist(), pick.tolist()):
         m, n = mixture.manifests[i], mixture.sizes[i]
         key = (i, j // n)
-        if key not in orders:
-            orders[key] = EpochOrder(m.shard_rows, m.fingerprint, seed, j // n, options)
+        if key not in orders:  # source i's share of the partitions: P * n / total, halves up
+            own = OrderOptions(options.shuffle, max(1, math.floor(Fraction(P * n, total) + Fraction(1, 2))) if
+                               options.shuffle else options.partitions, options.block_size,
+                               options.partition_mode)
+            orders[key] = EpochOrder(m.shard_rows, m.fingerprint, seed, j // n, own)
         out.append((i, int(orders[key].ids_at(np.array([j % n]))[0])))
     return out

@@ -14,6 +14,7 @@ import torch
 
 from mixture_helpers import expected, make_source, pairs, pairs_until
 from stoker.loader import DataLoader, ShuffleOptions, WorkerOptions
+from stoker.loader.errors import StateError
 from stoker.loader.order.mixture import Mixture
 
 WEIGHTS = {"web": math.sqrt(2), "code": math.sqrt(3), "books": math.sqrt(5)}
@@ -126,6 +127,23 @@ def test_resume_with_other_workers_continues_exactly(sources, trial: int) -> Non
         got += pairs(resumed)
     resumed.close()
     assert got == ref
+
+
+def test_a_state_saved_under_the_earlier_order_rule_is_refused(sources) -> None:
+    """Before stoker.mixture-order/2 every source used all the partitions: the same options
+    gave another stream, so such a state is refused by its fingerprint, naming the rule."""
+    from stoker.loader.order.blend import BLEND_ALGORITHM
+    from stoker.manifest import canonical_json, hash_bytes
+
+    mix = _mixture(sources)
+    dl = DataLoader(mix, batch_size=12, shuffle=True, seed=21)
+    _, state = pairs_until(dl, 3)
+    old = {"algorithm": BLEND_ALGORITHM,
+           "sources": [[n, m.fingerprint] for n, m in zip(mix.names, mix.manifests)],
+           "segments": mix.blend.to_dict()["segments"]}
+    state["fingerprint"] = hash_bytes(canonical_json(old))
+    with pytest.raises(StateError, match="'stoker.mixture-order/2'.*share of the partitions"):
+        DataLoader(mix, batch_size=12, shuffle=True, seed=21).load_state_dict(state)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -14,6 +14,7 @@ import pytest
 from mixture_helpers import expected, make_source, pairs, pairs_until
 from stoker.loader import DataLoader, ReadOptions, ShuffleOptions, WorkerOptions
 from stoker.loader.order.mixture import Mixture
+from stoker.loader.order.mixture_order import source_options
 from stoker.loader.order.options import OrderOptions
 from stoker.loader.order.working_set import PARTITION_LADDER, STAGING_LIMIT
 from stoker.loader.read.mixture_budget import mixture_plan, mixture_working_set
@@ -141,20 +142,24 @@ def _plan(manifests: list[SimpleNamespace], stride: int) -> OrderPlan:
 
 
 def test_default_partitions_fit_the_sources_summed_staging() -> None:
-    """Three 2 M-row sources of 392-byte records: one dataset of 6 M rows would take 720
-    partitions; staged source by source they take the largest that fits the limit."""
+    """Three 2 M-row sources of 600-byte records, staged source by source: each stages rounds
+    of its share of the partitions, and the default is the largest P whose summed staging
+    fits the limit (here below the ladder's top, which would not)."""
     manifests = [_manifest([250_000] * 8) for _ in range(3)]
-    plan = mixture_plan(manifests, ["a", "b", "c"], _plan(manifests, 392), partitions=None,
+    plan = mixture_plan(manifests, ["a", "b", "c"], _plan(manifests, 600), partitions=None,
                         world_size=1)
     P = plan.options.partitions
     assert plan.working_set.staging_bytes <= STAGING_LIMIT
-    assert plan.working_set == mixture_working_set(manifests, plan.options, 392)
+    assert plan.working_set == mixture_working_set(manifests, plan.options, 600)
     larger = [p for p in PARTITION_LADDER if p > P]
     assert larger and mixture_working_set(
         manifests, OrderOptions(partitions=min(larger), block_size=1024),
-        392).staging_bytes > STAGING_LIMIT
-    # each source's staging is that of a dataset of its own, three of them
-    one = mixture_working_set(manifests[:1], plan.options, 392)
+        600).staging_bytes > STAGING_LIMIT
+    # equal sources take a third of the partitions each: their staging is three datasets'
+    # of their own at P / 3
+    assert [o.partitions for o in source_options(plan.options, [2_000_000] * 3)] == [P // 3] * 3
+    one = mixture_working_set(manifests[:1], OrderOptions(partitions=P // 3, block_size=1024),
+                              600)
     assert plan.working_set.staging_bytes == 3 * one.staging_bytes
 
 
