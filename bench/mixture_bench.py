@@ -1,10 +1,11 @@
 """Mixture benchmark: a 3-source mixture vs the single-source loader on the same bytes.
 
 One command (``.venv/bin/python bench/mixture_bench.py``) builds the data once under
-``--workdir`` and, in this one process, alternates the mixture and the single-source loader
-``--repeats`` times per case; each loader reads one untimed warm-up epoch (it builds the
-row-major records and warms the page cache), then ``--epochs`` timed ones, whose median is
-its rate; the medians of those are reported. Then it measures the blend alone.
+``--workdir`` and, in this one process, keeps the mixture and the single-source loader of a
+case alive together: each reads one untimed warm-up epoch (it builds the row-major records and
+warms the page cache), then they take turns epoch by epoch for ``--epochs`` timed epochs each,
+and each one's median is its rate (beyond the records budget, 3 fresh loaders of each, one
+after the other, ``--beyond-epochs`` each). Then it measures the blend alone.
 
 * **W1**: three W1-shaped tabular sources (64 float32, 8 int64, list<float32>[16], int64
   label; ``--rows`` rows split 1:2:3), batch 1024, shuffle on, outputs features [B,64],
@@ -69,9 +70,14 @@ NOTES = """\
   (`stoker-order`, two chunks ahead of the batch being read; 16 k chunks gave 72-75 % at 2
   workers against 79-81 % with 64 k, same runs: each chunk calls a kernel per source and
   pass, and each call hands the GIL over and back). The "order CPU" rows count
-  the process's CPU, both threads. Its sources' partitions are shorter than a block (100-300
-  k rows over P = 360), where a Feistel walk takes more steps, so an id costs more than one
-  dataset's.
+  the process's CPU, both threads. Since session 19 each source takes a share of the
+  partitions in proportion to its size (stoker.mixture-order/2,
+  `stoker.loader.order.mixture_order.source_options`): here 60, 120 and 180 of 360, so its
+  partitions are as long as one dataset's. With all P for every source (before) the small
+  sources' partitions were shorter than a block, where a Feistel walk takes more steps: the
+  mixture's order cost 16.1 ms CPU an epoch against 12.6-12.9 ms now, and 7.4 ms for one
+  dataset's ids (ad hoc, 64 k chunks computed inline, median of 15 epochs; the rest is the
+  blend, ~2.7 ms, and placing the ids, ~2 ms).
 - With 0 workers that order runs on the second core, beside the consumer, whose Python it
   holds up at each of its own Python steps (one per source and pass of a chunk); with 2
   thread workers every core is busy. Either way the mixture's extra order CPU (~8-10 ms per
@@ -98,8 +104,10 @@ NOTES = """\
 - Beyond the records budget (session 18): each source of a mixture stages its own rounds
   (stoker.loader.read.mixture_staging), where the mixture read every row without records from
   its shards' columns before (the last column). Its default partitions fit the sources'
-  summed staging (`mixture_plan`): here 240 against the single source's 720, so a round of a
-  source is 240 x 1,024 rows (27 rounds an epoch against 9). A batch reads the round each
+  summed staging (`mixture_plan`); since each source stages rounds of its share of the
+  partitions (session 19), that sum is about one dataset's: here 720 partitions, as for the
+  single source (240 in session 18's table, when every source staged rounds of all 720 / 3
+  partitions, 27 rounds an epoch against 9). A batch reads the round each
   source's last batch ended in first; only on a miss (a source entering its next block) are
   its rounds looked up from the ids (~0.1 ms a source: ~0.3 ms a batch when done for every
   batch, which read 1.6-1.7 M rows/s at 600 k rows forced to stage, against 5.5-5.8 M now,
@@ -122,7 +130,24 @@ NOTES = """\
   (blend 8-10 ms, the sources' pass orders 12-15 ms, placing 2 ms) and the consumer waits
   0.4-1 ms per epoch for its chunks (3.5 ms for the first one, inline). With 2 thread workers
   both cores are busy, so that extra CPU costs about half its time in wall clock, and the
-  reads of the mixture's ids cost 8-15 % more (above): ~84-93 against ~66-76 ms per epoch."""
+  reads of the mixture's ids cost 8-15 % more (above): ~84-93 against ~66-76 ms per epoch.
+- Session 19, same question after the partition shares (ad hoc, 4 runs of 50-60 epochs per
+  loader, alternating, process CPU per epoch): with 2 thread workers the mixture spends
+  101-126 ms CPU an epoch against 83-98 for the single source (+18-20 %), with 0 workers 112
+  against 89; its order accounts for ~5.5 ms of that and the `source` column ~1 ms. The
+  single reader reading the mixture's ids costs what its own do (67.3-67.5 against 69.9 ms,
+  one thread): the locality is the same. The rest shows as time the consumer and the workers
+  spend waiting to take the GIL back (py-spy: the consumer's lines ~2x longer with the
+  mixture, the same code) and, with 0 workers, as the record gather running ~30 % slower
+  while the order thread works on the other core. Tried and measured without a clear gain
+  (80-87 % against 79-87 % for the same code in the same runs): the chunks computed as jobs
+  on the worker threads (no extra thread), the order thread at nice 5, the short kernels
+  (`pick_spans`, `place`) keeping the GIL; chunks of 16 k computed by the consumer read
+  73-77 %.
+- Since session 19 the two loaders of a case take turns epoch by epoch, 40 epochs each (the
+  medians above): timed one after the other (3 x 5 epochs each, as before), one run of this
+  command read the W1 mixture at 125 % of the single source with 0 workers and 76 % with 2,
+  the single source's own rate swinging between 5.5 and 12.5 M rows/s."""
 
 
 # -- data ------------------------------------------------------------------------------------
@@ -198,35 +223,58 @@ def _options(workload: str) -> dict[str, Any]:
 
 def _epoch_rate(make: Callable[[], Any], epochs: int) -> float:
     """Median rows/s of epochs 1..``epochs`` of a fresh loader (epoch 0 is the untimed
-    warm-up): one W1 epoch of 600 k rows lasts ~0.1 s here, as long as the machine's swings."""
-    dl = make()
-    for _ in dl:
-        pass
-    rates = []
+    warm-up)."""
+    return statistics.median(_interleaved({"one": make}, epochs)["one"])
+
+
+def _interleaved(makers: dict[str, Callable[[], Any]], epochs: int) -> dict[str, list[float]]:
+    """Rows/s of ``epochs`` timed epochs of each loader, all alive at once and taking turns
+    epoch by epoch (who goes first alternates), after one untimed warm-up epoch each (it
+    builds the records and warms the page cache). A W1 epoch of 600 k rows lasts ~0.06-0.1 s
+    here, far shorter than the machine's swings (seconds): loaders timed one after the other
+    read 76-125 % of each other in one run (session 19), taking turns ~80-88 %."""
+    loaders = {name: make() for name, make in makers.items()}
+    for dl in loaders.values():
+        for _ in dl:
+            pass
+    rates: dict[str, list[float]] = {name: [] for name in loaders}
+    names = list(loaders)
     for epoch in range(1, epochs + 1):
-        dl.set_epoch(epoch)
-        rows, t0 = 0, time.perf_counter()
-        for batch in dl:
-            rows += len(batch["label"])
-        rates.append(rows / (time.perf_counter() - t0))
-    dl.close()
-    return statistics.median(rates)
+        for name in names if epoch % 2 else names[::-1]:
+            dl = loaders[name]
+            dl.set_epoch(epoch)
+            rows, t0 = 0, time.perf_counter()
+            for batch in dl:
+                rows += len(batch["label"])
+            rates[name].append(rows / (time.perf_counter() - t0))
+    for dl in loaders.values():
+        dl.close()
+    return rates
 
 
 def run_pair(sources: list[Path], single: Path, workload: str, workers: int,
-             repeats: int, epochs: int) -> tuple[float, float]:
+             epochs: int, rounds: int = 0) -> tuple[float, float]:
+    """(mixture, single source) rows/s: medians of ``epochs`` epochs each, taking turns;
+    with ``rounds``, ``rounds`` fresh loaders of each one after the other instead, each the
+    median of its ``epochs``, and the medians of those (staged loaders beyond the records
+    budget: an idle one's stager would stage its next round while the other is timed)."""
     from stoker.loader import DataLoader, Mixture
 
     opts = dict(_options(workload), shuffle=True, seed=0, num_workers=workers)
     mixture = Mixture({n: str(p) for n, p in zip(NAMES, sources)})  # weights ~ sizes
-    mixed, plain = [], []
-    for _ in range(repeats):  # alternate, so load changes on the shared machine hit both
-        plain.append(_epoch_rate(lambda: DataLoader(single, **opts), epochs))
-        mixed.append(_epoch_rate(lambda: DataLoader(mixture, **opts), epochs))
-    return statistics.median(mixed), statistics.median(plain)
+    makers = {"mixture": lambda: DataLoader(mixture, **opts),
+              "single": lambda: DataLoader(single, **opts)}
+    if not rounds:
+        rates = _interleaved(makers, epochs)
+        return statistics.median(rates["mixture"]), statistics.median(rates["single"])
+    each: dict[str, list[float]] = {name: [] for name in makers}
+    for _ in range(rounds):
+        for name, make in makers.items():
+            each[name].append(_epoch_rate(make, epochs))
+    return statistics.median(each["mixture"]), statistics.median(each["single"])
 
 
-def beyond(sources: list[Path], single: Path, workers: int, repeats: int,
+def beyond(sources: list[Path], single: Path, workers: int,
            epochs: int) -> tuple[float, float, float]:
     """W1 whose records exceed the records budget, default options: (mixture, single source,
     mixture read from the columns), rows/s. Both loaders stage their rounds (checked); the
@@ -243,7 +291,7 @@ def beyond(sources: list[Path], single: Path, workers: int, repeats: int,
     if not staged:
         raise SystemExit("--beyond-rows: the mixture's records fit the records budget here, "
                          "so it stages nothing; use more rows")
-    mixed, plain = run_pair(sources, single, "w1", workers, repeats, epochs)
+    mixed, plain = run_pair(sources, single, "w1", workers, epochs, rounds=3)
     read = ReadOptions(features=FEATURES, categoricals=CATS, row_major=False)
     columns = _epoch_rate(lambda: DataLoader(mixture, **{**opts, "read": read}), 1)
     return mixed, plain, columns
@@ -342,8 +390,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=600_000)
     ap.add_argument("--images", type=int, default=12_000)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--epochs", type=int, default=5, help="timed epochs per loader (median)")
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="epochs whose order CPU and reads the W1 split times")
+    ap.add_argument("--epochs", type=int, default=40,
+                    help="timed epochs per loader, taking turns (median)")
+    ap.add_argument("--beyond-epochs", type=int, default=5,
+                    help="timed epochs per loader beyond the records budget (3 fresh loaders "
+                         "of each, one after the other)")
     ap.add_argument("--workers", default="0,2", help="comma-separated thread worker counts")
     ap.add_argument("--beyond-rows", type=int, default=6_000_000,
                     help="W1 rows whose records exceed the records budget (0: skip)")
@@ -355,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     for workload, (sources, single) in data.items():
         for workers in (int(w) for w in args.workers.split(",")):
             results[(workload, workers)] = run_pair(sources, single, workload, workers,
-                                                    args.repeats, args.epochs)
+                                                    args.epochs)
             mixed, plain = results[(workload, workers)]
             print(f"{workload} workers={workers}: mixture {mixed:,.0f} rows/s, single "
                   f"{plain:,.0f} rows/s ({100 * mixed / plain:.0f} %)", flush=True)
@@ -363,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.beyond_rows:
         big = _w1_data(args.workdir, args.beyond_rows)
         for workers in (int(w) for w in args.workers.split(",")):
-            staged[workers] = beyond(*big, workers, args.repeats, args.epochs)
+            staged[workers] = beyond(*big, workers, args.beyond_epochs)
             mixed, plain, columns = staged[workers]
             print(f"w1 beyond the budget workers={workers}: mixture {mixed:,.0f} rows/s, single "
                   f"{plain:,.0f} ({100 * mixed / plain:.0f} %), from the columns "
@@ -374,11 +427,13 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     cmd = "`.venv/bin/python bench/mixture_bench.py " + " ".join(argv or sys.argv[1:]) + "`"
     header = (f"{cmd.replace(' `', '`')} on {platform.machine()}, {os.cpu_count()} CPUs, Python "
-              f"{platform.python_version()}: medians of {args.repeats} alternating loaders, each "
-              f"the median of its epochs 1-{args.epochs}, "
-              f"rows split 1:2:3 over sources a, b, c (W1 {args.rows:,} rows, images "
-              f"{args.images:,}; beyond the records budget {args.beyond_rows:,}). Taken on a machine shared with other work (numbers move "
-              "with its load).")
+              f"{platform.python_version()}: the two loaders of a case alive together, taking "
+              f"turns epoch by epoch, each rate the median of {args.epochs} epochs after a "
+              f"warm-up one (beyond the records budget: 3 fresh loaders of each in turn, each "
+              f"the median of {args.beyond_epochs} epochs, the medians of those); rows "
+              f"split 1:2:3 over sources a, b, c (W1 {args.rows:,} rows, images "
+              f"{args.images:,}; beyond the records budget {args.beyond_rows:,}). Taken on a "
+              "machine shared with other work (numbers move with its load).")
     if not args.no_write:
         write_section("Mixtures", f"{header}\n\n{text}\n\n{NOTES}")
     return 0

@@ -6,9 +6,9 @@ order). Epoch ``e`` covers global stream positions ``[e * L, (e + 1) * L)`` with
 ``L = sum N_i``; position ``g`` is pick ``j`` of source ``i`` by the blend, and that pick is
 ``EpochOrder(source i, seed, epoch=j div N_i, options_i).ids_at(j mod N_i)``: each pass of a
 source is its own permutation, a new pass a new one. ``options_i`` are the loader's order
-options with source ``i``'s share of the partitions (:func:`source_options`). Ranks take positions ``k % world_size == rank`` of
-each global batch, as for one dataset, so the union of the ranks' batches is the global batch
-whatever the world size.
+options with source ``i``'s share of the partitions (:func:`source_options`). Ranks take
+positions ``k % world_size == rank`` of each global batch, as for one dataset, so the union
+of the ranks' batches is the global batch whatever the world size.
 
 :class:`MixtureOrder` has the surface of :class:`~stoker.loader.order.epoch.EpochOrder` that the
 loader, its samplers and the audit use (``num_samples``, ``ids``, ``ids_at``, ``rank_ids``).
@@ -48,13 +48,12 @@ def source_options(options: OrderOptions, sizes: Sequence[int]) -> tuple[OrderOp
     the source's size, ``P_i = max(1, round(P * N_i / sum N))``.
 
     Every source's partitions are then about as long as those of one dataset holding all the
-    mixture's rows under ``options``, and a window of the stream draws from about as many
-    blocks as that dataset's would. With ``P`` for every source (stoker.mixture-order/1),
-    the small sources' partitions were shorter than a block: their order cost up to twice as
-    much per id (a short block's Feistel walk), a batch spread over every source's ``P``
-    blocks, and staging a round of every source held the sources' count times one dataset's
-    (bench/RESULTS.md "Mixtures"). A mixture's ranks take positions of its stream, never
-    partitions, so ``P_i`` need not be divisible by the world size.
+    mixture's rows under ``options``. With ``P`` for every source (before
+    :data:`MIXTURE_ORDER`) the small sources' partitions were shorter than a block, where an
+    id costs up to twice as much (a short block's Feistel walk), and staging a round of every
+    source held the sources' count times one dataset's rows (bench/RESULTS.md "Mixtures").
+    A mixture's ranks take positions of its stream, never partitions, so ``P_i`` need not be
+    divisible by the world size.
     """
     if not options.shuffle:
         return tuple(options for _ in sizes)

@@ -77,9 +77,9 @@ def expected(mixture: Mixture, seed: int, start: int, stop: int,
         m, n = mixture.manifests[i], mixture.sizes[i]
         key = (i, j // n)
         if key not in orders:  # source i's share of the partitions: P * n / total, halves up
-            own = OrderOptions(options.shuffle, max(1, math.floor(Fraction(P * n, total) + Fraction(1, 2))) if
-                               options.shuffle else options.partitions, options.block_size,
-                               options.partition_mode)
+            share = max(1, math.floor(Fraction(P * n, total) + Fraction(1, 2)))
+            own = OrderOptions(options.shuffle, share if options.shuffle else P,
+                               options.block_size, options.partition_mode)
             orders[key] = EpochOrder(m.shard_rows, m.fingerprint, seed, j // n, own)
         out.append((i, int(orders[key].ids_at(np.array([j % n]))[0])))
     return out
