@@ -63,6 +63,9 @@ REASONS = {
     "no_readahead": "a staged round could not advise the kernel of the shard pages it reads "
                     "(no madvise here, or it was refused): those pages fault in one by one, "
                     "with the kernel's read-around (stoker.loader.fastpath.advise)",
+    "no_io_priority": "a records builder thread could not put its disk reads in the idle I/O "
+                      "class (ioprio_set refused): it reads at the loader's own priority "
+                      "(stoker.loader.fastpath.shard_records.idle_io)",
     "group_retried": "several batches read by one record gather (a thread worker's group, "
                      "stoker.loader.read.arrow.ArrowSource.fetch_group) raised: each batch was "
                      "read again on its own, so a failure is raised at its own batch",

@@ -131,6 +131,7 @@ def make_plan(inputs: Sequence[InputFile], options: ShardOptions) -> Plan:
     resolved = {"rows_per_shard": rows_per_shard, "compression": options.compression,
                 "columns": None if options.columns is None else list(options.columns),
                 "format": fmt, "batch_bytes": options.batch_bytes,
+                "batch_rows": options.batch_rows,
                 **source_options(inputs, scans)}
     return Plan(tuple(inputs), scans, file_schema, partition_fields, partition_values, schema,
                 rows_per_shard, resolved, offsets)

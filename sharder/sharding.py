@@ -13,7 +13,7 @@ from stoker.sharder.build import Build, check_destination, clear_directory, remo
 from stoker.sharder.errors import SharderError
 from stoker.sharder.executor import Executor, LocalExecutor
 from stoker.sharder.inputs import source_roots
-from stoker.sharder.options import ShardOptions
+from stoker.sharder.options import BATCH_BYTES, BATCH_ROWS, ShardOptions
 from stoker.sharder.plan import Plan, make_plan
 from stoker.sharder.progress import progress_bar
 from stoker.sharder.sources import discover, manifest_classes
@@ -33,7 +33,8 @@ def shard(src: Source | Sequence[Source], dst: Source, *, rows_per_shard: int | 
           columns: Sequence[str] | None = None, workers: int = 1, overwrite: bool = False,
           format: str | None = None, progress: bool | None = None,
           executor: Executor | None = None, token_dtype: str | None = None,
-          seq_len: int | None = None, on_bad: str = "error") -> Manifest:
+          seq_len: int | None = None, on_bad: str = "error", batch_bytes: int = BATCH_BYTES,
+          batch_rows: int = BATCH_ROWS) -> Manifest:
     """Convert ``src`` into a stoker dataset at ``dst`` and return its manifest.
 
     The plan (sorted inputs, exact rows, shard boundaries) is a pure function of the inputs
@@ -63,6 +64,9 @@ def shard(src: Source | Sequence[Source], dst: Source, *, rows_per_shard: int | 
         token_dtype, seq_len: for token files (see stoker.sharder.sources.tokens).
         on_bad: ``"error"`` or ``"skip"`` (image folders: unreadable images are left out and
             listed in the manifest; see stoker.sharder.sources.images).
+        batch_bytes, batch_rows: a record batch holds ``batch_bytes`` of rows, at most
+            ``batch_rows`` (1,024 by default: a staged run of rows is then one or two byte
+            ranges of a shard, :data:`stoker.sharder.options.BATCH_ROWS`).
 
     Raises:
         SharderError: bad or missing input, schema mismatch, no rows, unusable ``dst``,
@@ -72,7 +76,8 @@ def shard(src: Source | Sequence[Source], dst: Source, *, rows_per_shard: int | 
     options = ShardOptions(rows_per_shard=rows_per_shard, shard_size=shard_size,
                            compression=compression,
                            columns=None if columns is None else tuple(columns), format=format,
-                           token_dtype=token_dtype, seq_len=seq_len, on_bad=on_bad)
+                           token_dtype=token_dtype, seq_len=seq_len, on_bad=on_bad,
+                           batch_bytes=batch_bytes, batch_rows=batch_rows)
     LocalExecutor(workers)  # validates ``workers`` before any work is done
     dst_path = Path(os.path.abspath(os.fspath(dst)))
     inputs = discover(sources, options)
@@ -126,7 +131,8 @@ def _shard_tasks(plan: Plan, build: Build, pending: list[int], workers: int) -> 
 def _shard_task(plan: Plan, build: Build, index: int) -> ShardTask:
     return ShardTask(index, str(build.dst), plan.shard_path(index), build.shard_record(index),
                      tuple(plan.pieces(index)), plan.file_schema, plan.partition_fields,
-                     plan.schema, plan.options["compression"], plan.options["batch_bytes"])
+                     plan.schema, plan.options["compression"], plan.options["batch_bytes"],
+                     plan.options["batch_rows"])
 
 
 def _execute(engine: Executor, tasks: list[Task], build: Build,

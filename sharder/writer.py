@@ -39,6 +39,7 @@ class ShardTask:
     schema: pa.Schema
     compression: str
     batch_bytes: int
+    batch_rows: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,25 +79,27 @@ def run_task(task: Task) -> list[dict[str, Any]]:
 def _write_shard(task: ShardTask, reader: RangeReader) -> dict[str, Any]:
     table = assemble_table(task.pieces, task.file_schema, task.partition_fields, task.schema,
                            reader)
-    info = write_table(table, Path(task.dst) / task.path, task.compression, task.batch_bytes)
+    info = write_table(table, Path(task.dst) / task.path, task.compression, task.batch_bytes,
+                       task.batch_rows)
     result = {"kind": "shard", "index": task.index, "path": task.path, **info}
     write_bytes_atomic(task.record, canonical_json(result))
     return result
 
 
-def batch_rows_for(table: pa.Table, batch_bytes: int) -> int:
-    """Rows per record batch: ``batch_bytes`` of this table's average row, at least 1."""
-    return max(1, batch_bytes * table.num_rows // max(1, table.nbytes))
+def batch_rows_for(table: pa.Table, batch_bytes: int, batch_rows: int) -> int:
+    """Rows per record batch: ``batch_bytes`` of this table's average row, at most
+    ``batch_rows``, at least 1."""
+    return max(1, min(batch_rows, batch_bytes * table.num_rows // max(1, table.nbytes)))
 
 
 def write_table(table: pa.Table, target: Path, compression: str,
-                batch_bytes: int) -> dict[str, Any]:
+                batch_bytes: int, batch_rows: int) -> dict[str, Any]:
     """Write ``table`` as an Arrow IPC file at ``target`` atomically; return its record.
 
     Batches hold ``batch_rows_for(table)`` rows (the last fewer). Each batch is one
     contiguous chunk per column: zero-copy when it lies inside one input chunk.
     """
-    step = batch_rows_for(table, batch_bytes)
+    step = batch_rows_for(table, batch_bytes, batch_rows)
     options = pa.ipc.IpcWriteOptions(
         compression=None if compression == "none" else compression, use_threads=False)
     batch_rows = []

@@ -45,16 +45,23 @@ def test_output_does_not_depend_on_where_the_source_lives(parquet_dir: Path, tmp
         "part-0.parquet", "part-1.parquet", "part-2.parquet"]
 
 
-def test_record_batches_are_sized_by_bytes(parquet_dir: Path, tmp_path: Path,
-                                          expected_table) -> None:
+def test_record_batches_hold_a_block_of_rows_at_most(parquet_dir: Path, tmp_path: Path,
+                                                    expected_table) -> None:
+    """By default a batch holds 1,024 rows (4 MiB of ~400-byte rows would be ~10 k); a
+    smaller ``batch_bytes`` sizes them by bytes below that."""
     m = shard(parquet_dir, tmp_path / "out", rows_per_shard=21000, progress=False)
+    assert m.shards[0].batch_rows == (1024,) * 20 + (21000 - 20 * 1024,)
     table = expected_table()
     row_bytes = table.nbytes / table.num_rows
+    m = shard(parquet_dir, tmp_path / "small", rows_per_shard=21000, batch_bytes=100_000,
+              progress=False)
     batch_rows = m.shards[0].batch_rows
-    # 4 MiB of ~400-byte rows: every batch but the last holds the same byte-derived count.
     assert len(set(batch_rows[:-1])) == 1 and batch_rows[-1] <= batch_rows[0]
-    assert abs(batch_rows[0] * row_bytes / (4 << 20) - 1) < 0.05
-    assert batch_rows[0] == (4 << 20) * 21000 // m.shards[0].extra["arrow_bytes"]
+    assert abs(batch_rows[0] * row_bytes / 100_000 - 1) < 0.05
+    assert batch_rows[0] == 100_000 * 21000 // m.shards[0].extra["arrow_bytes"]
+    m = shard(parquet_dir, tmp_path / "rows", rows_per_shard=21000, batch_rows=5000,
+              progress=False)
+    assert m.shards[0].batch_rows == (5000,) * 4 + (1000,)
 
 
 def test_shard_size_converts_bytes_to_rows(parquet_dir: Path, tmp_path: Path,
@@ -64,7 +71,8 @@ def test_shard_size_converts_bytes_to_rows(parquet_dir: Path, tmp_path: Path,
     row_bytes = expected_table().slice(0, 7000).nbytes / 7000
     assert abs(per_shard * row_bytes / 2_000_000 - 1) < 0.05
     assert m.shard_rows.tolist()[:-1] == [per_shard] * (m.num_shards - 1)
-    assert m.provenance["options"] == {"batch_bytes": 4 << 20, "columns": None,
+    assert m.provenance["options"] == {"batch_bytes": 4 << 20, "batch_rows": 1024,
+                                       "columns": None,
                                        "compression": "none", "format": "parquet",
                                        "rows_per_shard": per_shard}
 
