@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from stoker.manifest import parse_size
 from stoker.sharder.errors import ShardOptionsError
 
-__all__ = ["BATCH_BYTES", "BATCH_ROWS", "DEFAULT_SHARD_SIZE", "FORMATS", "ShardOptions"]
+__all__ = ["BATCH_BYTES", "BATCH_ROWS", "DEFAULT_SHARD_SIZE", "FORMATS", "MIN_BATCH_BYTES",
+           "ShardOptions"]
 
 #: Target uncompressed Arrow bytes per record batch. Big enough that per-batch overhead
 #: vanishes, small enough that a random-access read of one batch stays cheap.
@@ -20,6 +21,10 @@ BATCH_BYTES = 4 << 20
 #: rows/s with batches of 1,024 rows against 0.67 M with 10,302 (4 MiB) and 0.75 M with 1,323
 #: (512 KiB: its column buffers straddle pages, so a run is again one range per column).
 BATCH_ROWS = 1024
+#: ... unless that holds fewer bytes than this: a narrow table's run is a few contiguous
+#: ranges in any layout, and batches of a few KB would only add metadata (one IPC message
+#: each) and chunks.
+MIN_BATCH_BYTES = 256 << 10
 #: Shard size used when neither ``shard_size`` nor ``rows_per_shard`` is given.
 DEFAULT_SHARD_SIZE = 256 * 10**6
 FORMATS = ("csv", "jsonl", "parquet", "webdataset", "imagefolder", "hf", "tokens")
@@ -38,7 +43,8 @@ class ShardOptions:
         columns: columns to keep, in this order; ``None`` keeps all.
         format: ``"parquet"``, ``"csv"`` or ``"jsonl"``; ``None`` detects by extension.
         batch_bytes: target uncompressed bytes per record batch.
-        batch_rows: most rows per record batch (:data:`BATCH_ROWS`).
+        batch_rows: most rows per record batch (:data:`BATCH_ROWS`), unless that many rows
+            hold fewer than :data:`MIN_BATCH_BYTES` (or ``batch_bytes``, if smaller).
         token_dtype: ``"uint16"`` or ``"uint32"`` for token files (required for raw ``.bin``).
         seq_len: tokens per sequence for token files (see stoker.sharder.sources.tokens).
         on_bad: ``"error"`` (default) or ``"skip"``: image folders only, leave out unreadable

@@ -18,6 +18,7 @@ import pyarrow as pa
 from stoker.manifest import canonical_json
 from stoker.sharder.assemble import Piece, assemble_table
 from stoker.sharder.atomic import atomic_write, write_bytes_atomic
+from stoker.sharder.options import MIN_BATCH_BYTES
 from stoker.sharder.sources import hash_source
 from stoker.sharder.sources.readers import RangeReader
 
@@ -88,8 +89,12 @@ def _write_shard(task: ShardTask, reader: RangeReader) -> dict[str, Any]:
 
 def batch_rows_for(table: pa.Table, batch_bytes: int, batch_rows: int) -> int:
     """Rows per record batch: ``batch_bytes`` of this table's average row, at most
-    ``batch_rows``, at least 1."""
-    return max(1, min(batch_rows, batch_bytes * table.num_rows // max(1, table.nbytes)))
+    ``batch_rows`` unless those hold fewer than ``MIN_BATCH_BYTES``, at least 1."""
+    def rows_of(nbytes: int) -> int:
+        return nbytes * table.num_rows // max(1, table.nbytes)
+
+    cap = max(batch_rows, rows_of(min(MIN_BATCH_BYTES, batch_bytes)))
+    return max(1, min(cap, rows_of(batch_bytes)))
 
 
 def write_table(table: pa.Table, target: Path, compression: str,

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from stoker.sharder import shard
@@ -62,6 +65,14 @@ def test_record_batches_hold_a_block_of_rows_at_most(parquet_dir: Path, tmp_path
     m = shard(parquet_dir, tmp_path / "rows", rows_per_shard=21000, batch_rows=5000,
               progress=False)
     assert m.shards[0].batch_rows == (5000,) * 4 + (1000,)
+
+
+def test_narrow_rows_keep_batches_of_at_least_256_kib(tmp_path: Path) -> None:
+    """1,024 rows of one int64 column are 8 KiB: batches then hold 256 KiB of rows."""
+    pq.write_table(pa.table({"x": np.arange(100_000, dtype=np.int64)}), tmp_path / "n.parquet")
+    m = shard(tmp_path / "n.parquet", tmp_path / "out", progress=False)
+    per_batch = (256 << 10) * 100_000 // m.shards[0].extra["arrow_bytes"]  # ~32 k rows
+    assert 30_000 < per_batch and m.shards[0].batch_rows[:3] == (per_batch,) * 3
 
 
 def test_shard_size_converts_bytes_to_rows(parquet_dir: Path, tmp_path: Path,
