@@ -24,8 +24,11 @@ never gets them.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import platform
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -304,8 +307,9 @@ def lower_priority() -> None:
     idle_io()
 
 
-# ioprio_set(2) by machine; IOPRIO_WHO_PROCESS names a thread by its id on Linux
-_IOPRIO_SET = {"x86_64": 251, "aarch64": 30, "ppc64le": 273, "s390x": 282}.get(os.uname().machine)
+# ioprio_set(2) by machine (Linux only); IOPRIO_WHO_PROCESS names a thread by its id there
+_IOPRIO_SET = {"x86_64": 251, "aarch64": 30, "ppc64le": 273, "s390x": 282}.get(
+    platform.machine()) if sys.platform == "linux" else None
 _IOPRIO_IDLE = 3 << 13  # IOPRIO_PRIO_VALUE(IOPRIO_CLASS_IDLE, 0)
 
 
@@ -318,8 +322,6 @@ def idle_io() -> bool:
     counted fallback ``"no_io_priority"``."""
     if _IOPRIO_SET is None:
         return False
-    import ctypes
-
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.syscall(_IOPRIO_SET, 1, threading.get_native_id(), _IOPRIO_IDLE) == 0:
         return True

@@ -83,8 +83,8 @@ class Mixture:
         self.blend = Blend(segments)
         self.schedule = tuple((int(s), dict(zip(self.names, ws)))
                               for s, ws in zip(self.blend.starts, self.blend.weights))
-        ident = {"algorithm": BLEND_ALGORITHM, "order": MIXTURE_ORDER, "sources": [[n, m.fingerprint] for n, m in
-                                                           zip(self.names, self.manifests)],
+        ident = {"algorithm": BLEND_ALGORITHM, "order": MIXTURE_ORDER,
+                 "sources": [[n, m.fingerprint] for n, m in zip(self.names, self.manifests)],
                  "segments": self.blend.to_dict()["segments"]}
         self.fingerprint = hash_bytes(canonical_json(ident))
 

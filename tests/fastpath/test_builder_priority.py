@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import ctypes
 import os
+import platform
+import sys
 import threading
 
 import pytest
 
 from stoker.loader.fastpath import shard_records
 
-_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}.get(os.uname().machine)
+_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}.get(platform.machine()) \
+    if sys.platform == "linux" else None
 
 
 def _priorities_of_a_thread_that_lowered_itself() -> tuple[int, int]:
@@ -31,7 +34,7 @@ def _priorities_of_a_thread_that_lowered_itself() -> tuple[int, int]:
     return got["io"], got["nice"]
 
 
-@pytest.mark.skipif(_IOPRIO_GET is None, reason="ioprio syscalls known for x86_64/aarch64 only")
+@pytest.mark.skipif(_IOPRIO_GET is None, reason="ioprio syscalls: Linux on x86_64/aarch64 only")
 def test_a_builder_thread_reads_in_the_idle_io_class_and_runs_niced() -> None:
     io, nice = _priorities_of_a_thread_that_lowered_itself()
     assert io >> 13 == 3, f"I/O class {io >> 13} (priority value {io}), expected 3 (idle)"
