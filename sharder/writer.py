@@ -87,6 +87,10 @@ def _write_shard(task: ShardTask, reader: RangeReader) -> dict[str, Any]:
     return result
 
 
+_WRITE_BUFFER = 8 << 20
+_GROUP_BATCHES = 64
+
+
 def batch_rows_for(table: pa.Table, batch_bytes: int, batch_rows: int) -> int:
     """Rows per record batch: ``batch_bytes`` of this table's average row, at most
     ``batch_rows`` unless those hold fewer than ``MIN_BATCH_BYTES``, at least 1."""
@@ -102,18 +106,28 @@ def write_table(table: pa.Table, target: Path, compression: str,
     """Write ``table`` as an Arrow IPC file at ``target`` atomically; return its record.
 
     Batches hold ``batch_rows_for(table)`` rows (the last fewer). Each batch is one
-    contiguous chunk per column: zero-copy when it lies inside one input chunk.
+    contiguous chunk per column (64 batches' rows are made contiguous at a time: a copy only
+    where they span input chunks).
     """
     step = batch_rows_for(table, batch_bytes, batch_rows)
     options = pa.ipc.IpcWriteOptions(
         compression=None if compression == "none" else compression, use_threads=False)
     batch_rows = []
     with atomic_write(target) as out:
-        with pa.ipc.new_file(pa.PythonFile(out, mode="w"), table.schema, options=options) as w:
-            for offset in range(0, table.num_rows, step):
-                piece = table.slice(offset, step).combine_chunks()
-                w.write_table(piece)
-                batch_rows.append(piece.num_rows)
+        # Arrow writes each buffer on its own (~150 a W1 batch of 1,024 rows): coalesced in
+        # 8 MiB natively, the hashing Python file sees a few dozen writes a shard. With a
+        # write per buffer and a Table per batch, 2 M W1 rows took 2.6-2.8 s of CPU to shard,
+        # now 2.3-2.5 s, as with 4 MiB batches (2.1-2.5 s)
+        sink = pa.BufferedOutputStream(pa.PythonFile(out, mode="w"), buffer_size=_WRITE_BUFFER)
+        with pa.ipc.new_file(sink, table.schema, options=options) as w:
+            # one contiguous copy per group of batches, cut into batches natively
+            group = step * _GROUP_BATCHES
+            for offset in range(0, table.num_rows, group):
+                for batch in table.slice(offset, group).combine_chunks().to_batches(
+                        max_chunksize=step):
+                    w.write_batch(batch)
+                    batch_rows.append(batch.num_rows)
+        sink.close()
     return {"rows": table.num_rows, "bytes": out.size, "xxh3_128": out.hexdigest(),
             "batch_rows": batch_rows, "arrow_bytes": table.nbytes}
 
