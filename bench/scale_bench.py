@@ -8,8 +8,8 @@ Run (the command behind bench/RESULTS.md, "Scale"):
 W1-shaped data (64 float32 features, 8 int64 categoricals, list<float32>[16], int64 label;
 batch 1024, shuffle on, default options) at each size, every case in a fresh process:
 
-- ``stoker node first``: an empty records directory (``<workdir>/stoker-records``) and the
-  page cache dropped: a node's first run, which builds the records it keeps (per-shard
+- ``stoker node first``: an empty records directory (``<workdir>/w1-<rows>/stoker-records``,
+  one per size) and the page cache dropped: a node's first run, which builds the records it keeps (per-shard
   records within the records budget; past memory, each staged shard's records,
   stoker.loader.read.staged_files); builds still queued when the epoch ends are cancelled;
 - ``stoker first``: the page cache is dropped first (root only; otherwise said in the table),
@@ -182,7 +182,8 @@ def run_size(workdir: Path, rows: int, max_seconds: float, limit: int | None,
     res: dict[str, Any] = {"rows": rows, "shard_bytes": shard_bytes, "memory_limit": limit}
     cases = [c for c in CASES if only is None or c[0] in only]
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _, _ in cases}
-    records = {"index": workdir / "index-records", "stoker": workdir / "stoker-records"}
+    # each size its own: a node-first case empties its directory
+    records = {"index": data / "index-records", "stoker": data / "stoker-records"}
     for _ in range(repeats):
         for name, case, cold, fresh in cases:
             if fresh:
