@@ -9,9 +9,10 @@ W1-shaped data (64 float32 features, 8 int64 categoricals, list<float32>[16], in
 batch 1024, shuffle on, default options) at each size, every case in a fresh process:
 
 - ``stoker node first``: an empty records directory (``<workdir>/w1-<rows>/stoker-records``,
-  one per size) and the page cache dropped: a node's first run, which builds the records it keeps (per-shard
-  records within the records budget; past memory, each staged shard's records,
-  stoker.loader.read.staged_files); builds still queued when the epoch ends are cancelled;
+  one per size) and the page cache dropped: a node's first run, which builds the records it
+  keeps (per-shard records within the records budget; past memory, each staged shard's
+  records, stoker.loader.read.staged_files); builds still queued when the epoch ends are
+  cancelled;
 - ``stoker first``: the page cache is dropped first (root only; otherwise said in the table),
   so the shards are read from disk, with what the node's earlier runs kept;
 - ``stoker later``: the same again right after (a later run on the node);
