@@ -112,24 +112,24 @@ def write_table(table: pa.Table, target: Path, compression: str,
     step = batch_rows_for(table, batch_bytes, batch_rows)
     options = pa.ipc.IpcWriteOptions(
         compression=None if compression == "none" else compression, use_threads=False)
-    batch_rows = []
+    sizes = []
     with atomic_write(target) as out:
         # Arrow writes each buffer on its own (~150 a W1 batch of 1,024 rows): coalesced in
         # 8 MiB natively, the hashing Python file sees a few dozen writes a shard. With a
         # write per buffer and a Table per batch, 2 M W1 rows took 2.6-2.8 s of CPU to shard,
         # now 2.3-2.5 s, as with 4 MiB batches (2.1-2.5 s)
-        sink = pa.BufferedOutputStream(pa.PythonFile(out, mode="w"), buffer_size=_WRITE_BUFFER)
-        with pa.ipc.new_file(sink, table.schema, options=options) as w:
+        with pa.BufferedOutputStream(pa.PythonFile(out, mode="w"),
+                                     buffer_size=_WRITE_BUFFER) as sink, \
+                pa.ipc.new_file(sink, table.schema, options=options) as w:
             # one contiguous copy per group of batches, cut into batches natively
             group = step * _GROUP_BATCHES
             for offset in range(0, table.num_rows, group):
                 for batch in table.slice(offset, group).combine_chunks().to_batches(
                         max_chunksize=step):
                     w.write_batch(batch)
-                    batch_rows.append(batch.num_rows)
-        sink.close()
+                    sizes.append(batch.num_rows)
     return {"rows": table.num_rows, "bytes": out.size, "xxh3_128": out.hexdigest(),
-            "batch_rows": batch_rows, "arrow_bytes": table.nbytes}
+            "batch_rows": sizes, "arrow_bytes": table.nbytes}
 
 
 def read_record(path: str | os.PathLike[str]) -> dict[str, Any] | None:

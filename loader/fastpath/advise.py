@@ -46,7 +46,8 @@ if TYPE_CHECKING:
     from stoker.loader.fastpath.plan import ShardData
     from stoker.loader.fastpath.rowmajor import Field
 
-__all__ = ["advise_list_offsets", "advise_open", "advise_random", "advise_runs", "memory_limit",
+__all__ = ["advise_list_offsets", "advise_open", "advise_random", "advise_runs", "libc_fn",
+           "memory_limit",
            "page_ranges", "run_byte_ranges", "shards_fit_memory"]
 
 _PAGE = mmap.PAGESIZE
@@ -65,7 +66,7 @@ def _libc() -> ctypes.CDLL | None:
 
 
 @functools.lru_cache(maxsize=None)
-def _libc_fn(name: str, *argtypes: type) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+def libc_fn(name: str, *argtypes: type) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     """libc's ``name`` with its argument types set, looked up once (a round calls ``mincore``
     once per run)."""
     lib = _libc()
@@ -194,7 +195,7 @@ def advise_runs(d: ShardData, fields: Sequence[Field], first: np.ndarray,
     pieces = _pieces(d.starts, np.asarray(first, np.int64), np.asarray(end, np.int64))
     if _cached(base, arena.size, d, fields, pieces):
         return 0
-    fn = _libc_fn("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    fn = libc_fn("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     total = _advise_all(fn, base, _absent(base, page_ranges(
         _ranges(d, fields, pieces, values=False), arena.size)))
     if any(f.kind == "list" for f in fields):
@@ -209,7 +210,7 @@ def advise_open(arena: object) -> int:
     ``MADV_RANDOM`` each of those reads is otherwise a synchronous fault of its own, one
     message after another (20 M W1 rows in 6 GiB: a first round opening 32 shards of 652
     record batches took 15.7 s). Returns the bytes advised (0 for a file it does not parse)."""
-    fn = _libc_fn("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    fn = libc_fn("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     ranges = message_ranges(arena)
     if fn is None or ranges is None:
         return 0
@@ -221,7 +222,7 @@ def advise_list_offsets(d: ShardData, names: Sequence[str]) -> int:
     """Advise the validity and offsets buffers of list columns ``names`` in every record batch
     of the mapped shard ``d``: a layout check reads them all when the shard opens
     (:meth:`~stoker.loader.fastpath.rowmajor.RecordLayout.misfits`). Returns the bytes advised."""
-    fn = _libc_fn("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    fn = libc_fn("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     if fn is None or not d.mapped or not names:
         return 0
     rows = np.diff(d.starts)
@@ -276,7 +277,7 @@ def advise_random(arena: object) -> bool:
     """Advise ``MADV_RANDOM`` for the memory map ``arena`` (a ``pyarrow.Buffer`` over a whole
     file): its pages then fault in alone, without the kernel's read-around. Whether it was
     advised; a refusal is the fallback ``no_readahead``."""
-    fn = _libc_fn("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    fn = libc_fn("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     base, size = arena.address, arena.size  # type: ignore[attr-defined]
     if fn is None or base % _PAGE:
         fallbacks.note("no_readahead", "madvise is not available here" if fn is None
@@ -309,7 +310,7 @@ def _cached(base: int, size: int, d: ShardData, fields: Sequence[Field],
 def _residency(base: int, lo: int, hi: int) -> np.ndarray | None:
     """Which pages of ``[lo, hi)`` (page-aligned offsets from ``base``) are in the page cache
     (``mincore``); ``None`` when that cannot be known (no ``mincore``, a range not mapped)."""
-    fn = _libc_fn("mincore", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    fn = libc_fn("mincore", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
     vec = np.empty((hi - lo) // _PAGE, dtype=np.uint8)
     if fn is None or fn(base + lo, hi - lo, vec.ctypes.data) != 0:
         return None

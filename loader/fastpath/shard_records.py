@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from stoker.loader.fastpath import record_check, rowmajor, warm
+from stoker.loader.fastpath.advise import libc_fn
 from stoker.loader.fallbacks import note
 from stoker.loader.jit import executors, fork_gate
 from stoker.loader.fastpath.record_store import RecordStore
@@ -320,10 +321,11 @@ def idle_io() -> bool:
     cgroup: 0.86 M rows/s with the builder idle against 0.77 M, the records built in both).
     Schedulers without priorities ignore it. Whether the kernel took it; a refusal is the
     counted fallback ``"no_io_priority"``."""
-    if _IOPRIO_SET is None:
+    syscall = None if _IOPRIO_SET is None else libc_fn("syscall", ctypes.c_long, ctypes.c_int,
+                                                       ctypes.c_int, ctypes.c_int)
+    if syscall is None:
         return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(_IOPRIO_SET, 1, threading.get_native_id(), _IOPRIO_IDLE) == 0:
+    if syscall(_IOPRIO_SET, 1, threading.get_native_id(), _IOPRIO_IDLE) == 0:
         return True
     err = ctypes.get_errno()
     note("no_io_priority", f"ioprio_set(IDLE) failed: {os.strerror(err)}")

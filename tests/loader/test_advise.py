@@ -228,7 +228,7 @@ def test_only_the_advised_pages_are_read_from_disk(tmp_path: Path) -> None:
 
 def test_refused_advice_is_a_counted_fallback(shard: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     d, _ = _open(shard)
-    monkeypatch.setattr(advise, "_libc_fn", lambda name, *types: None)
+    monkeypatch.setattr(advise, "libc_fn", lambda name, *types: None)
     with fallbacks.collecting() as noted:
         assert advise.advise_runs(d, FIELDS, np.array([5]), np.array([900])) == 0
     assert noted["no_readahead"][0] == 1
