@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from stoker.loader.fastpath import kernels as k
 
@@ -93,23 +94,19 @@ class RowMajorBudget:
 
 def _list_width(batches: Sequence[pa.RecordBatch], name: str) -> int:
     """The common length of every value of list column ``name``, or 0 if lengths differ or
-    any list is null (such columns keep the column path)."""
-    width = -1
-    for b in batches:
-        arr = b.column(name)
-        if arr.null_count or len(arr) == 0:
-            if arr.null_count:
-                return 0
-            continue
-        # list or large_list offsets: the lengths are their differences
-        dtype = np.int64 if pa.types.is_large_list(arr.type) else np.int32
-        offsets = np.frombuffer(arr.buffers()[1], dtype=dtype)[arr.offset:arr.offset + len(arr) + 1]
-        lengths = np.diff(offsets)
-        lo, hi = int(lengths.min()), int(lengths.max())
-        if lo != hi or (width >= 0 and lo != width):
-            return 0
-        width = lo
-    return max(width, 0)
+    any list is null (such columns keep the column path).
+
+    Two pyarrow calls over all of the shard's record batches: a shard of 1,024-row batches
+    has hundreds, and NumPy calls per batch cost ~0.1 ms each (0.23 s of a first batch that
+    opened four 600-batch shards)."""
+    if not batches:
+        return 0
+    column = pa.chunked_array([b.column(name) for b in batches])
+    if column.null_count:
+        return 0
+    bounds = pc.min_max(pc.list_value_length(column)).as_py()
+    lo, hi = bounds["min"], bounds["max"]
+    return 0 if lo is None or lo != hi else int(lo)
 
 
 def _allocate(rows: int, width: int, dtype: np.dtype) -> np.ndarray:
