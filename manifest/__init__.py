@@ -4,7 +4,8 @@ This package imports nothing else of stoker's; every other package builds on it.
 """
 
 from stoker.manifest.errors import ManifestError, ShardIntegrityError, StokerError
-from stoker.manifest.hashing import canonical_json, hash_bytes, hash_file, hash_stream
+from stoker.manifest.hashing import (canonical_json, hash_bytes, hash_file, hash_file_ranges,
+                                     hash_range, hash_stream)
 from stoker.manifest.manifest import (
     FORMAT,
     MANIFEST_NAME,
@@ -48,6 +49,8 @@ __all__ = [
     "format_size",
     "hash_bytes",
     "hash_file",
+    "hash_file_ranges",
+    "hash_range",
     "hash_stream",
     "is_meta",
     "is_url",

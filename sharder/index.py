@@ -13,10 +13,13 @@ indexed file must lie under DST.
   :mod:`stoker.sharder.sources.webdataset`. Compressed tars cannot be addressed by offset: shard
   them with ``stoker shard`` instead.
 
-Every file's size and xxh3-128 are recorded (``shards[]`` and ``provenance.sources``); the
-loader checks both before it reads a file, so a file changed after indexing is an error
-naming it. (The modification time is not recorded: it differs between copies of the same
-bytes and would change the fingerprint, hence the order, of identical data.)
+Every file's size and xxh3-128 are recorded (``shards[]`` and ``provenance.sources``), and
+for Parquet, in the same read, the xxh3-128 of its footer and of each row group's bytes
+(``extra.digests``): the loader checks the footer before it reads a file and each row group
+before it decodes it, so a file changed after indexing is an error naming it (and the row
+group), and a node's first run reads each byte once instead of hashing the whole file
+first. (The modification time is not recorded: it differs between copies of the same bytes
+and would change the fingerprint, hence the order, of identical data.)
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from stoker.manifest import MANIFEST_NAME, Manifest, ShardInfo, hash_file, stoker_version
+from stoker.manifest import (MANIFEST_NAME, Manifest, ShardInfo, hash_file, hash_file_ranges,
+                             stoker_version)
 from stoker.sharder.errors import SharderError
 from stoker.sharder.executor import Executor, LocalExecutor
 from stoker.sharder.inputs import InputFile, _partitions, detect_format
@@ -114,7 +119,7 @@ def index(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None = None
                                 _partitions(path, root) if fmt == "parquet" else ()))
     engine = executor or LocalExecutor(max(1, min(workers, len(inputs))))
     # results come back in any order: each carries its path
-    hashes = dict(engine.map(_hash_pair, paths))
+    hashes = dict(engine.map(_hash_parquet if fmt == "parquet" else _hash_pair, paths))
     if fmt == "parquet":
         schema, shards = _parquet(inputs, hashes)
     else:
@@ -137,13 +142,62 @@ def _hash_pair(path: str) -> tuple[str, tuple[str, int]]:
     return path, hash_file(path)
 
 
-def _parquet(inputs: list[InputFile], hashes: dict[str, tuple[str, int]]
+def _hash_parquet(path: str) -> tuple[str, tuple[str, int, dict[str, Any] | None]]:
+    """The file's xxh3-128 and size, and ``extra.digests``: ``{"footer": [start, end,
+    xxh3-128], "row_groups": [[start, end, xxh3-128], ...]}`` (``None`` when the footer's
+    column chunk offsets do not give disjoint ranges inside the file: the loader then hashes
+    the whole file)."""
+    ranges = _parquet_ranges(path)
+    if ranges is None:
+        return path, (*hash_file(path), None)
+    order = sorted(range(len(ranges)), key=lambda i: ranges[i][0])
+    try:
+        digest, size, parts = hash_file_ranges(path, [ranges[i] for i in order])
+    except ValueError:  # overlapping column chunks: an unusual writer
+        return path, (*hash_file(path), None)
+    by_range = dict(zip(order, parts))
+    spans = [[lo, hi, by_range[i]] for i, (lo, hi) in enumerate(ranges)]
+    return path, (digest, size, {"footer": spans[-1], "row_groups": spans[:-1]})
+
+
+def _parquet_ranges(path: str) -> list[tuple[int, int]] | None:
+    """Byte ranges of each row group (its column chunks, as a Parquet reader computes them)
+    and, last, of the footer (metadata, its length and the magic)."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        f.seek(max(size - 8, 0))
+        tail = f.read(8)
+    if len(tail) < 8 or tail[4:] != b"PAR1":  # e.g. an encrypted footer: hash the whole file
+        return None
+    footer = (size - 8 - int.from_bytes(tail[:4], "little"), size)
+    meta = pq.read_metadata(path)
+    ranges = []
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        spans = []
+        for c in range(group.num_columns):
+            chunk = group.column(c)
+            start = chunk.data_page_offset
+            if chunk.has_dictionary_page and 0 < (chunk.dictionary_page_offset or 0) < start:
+                start = chunk.dictionary_page_offset
+            spans.append((start, start + chunk.total_compressed_size))
+        if not spans:
+            return None
+        ranges.append((min(lo for lo, _ in spans), max(hi for _, hi in spans)))
+    if any(lo < 4 or hi > footer[0] for lo, hi in ranges):
+        return None
+    return [*ranges, footer]
+
+
+def _parquet(inputs: list[InputFile], hashes: dict[str, tuple[Any, ...]]
              ) -> tuple[pa.Schema, list[ShardInfo]]:
     plan = make_plan(inputs, ShardOptions(rows_per_shard=1, format="parquet"))
     shards = []
     for f, scan, values in zip(inputs, plan.scans, plan.partition_values):
-        digest, size = hashes[f.path]
+        digest, size, digests = hashes[f.path]
         extra: dict[str, Any] = {"partitions": list(values)} if plan.partition_fields else {}
+        if digests is not None and len(digests["row_groups"]) == len(scan.row_groups):
+            extra["digests"] = digests
         shards.append(ShardInfo(f.rel, scan.rows, size, digest, scan.row_groups, extra))
     return plan.schema, shards
 

@@ -1,6 +1,7 @@
-"""Staged reads of indexed Parquet (rounds from decoded row groups) check each file's hash
-before its rows are handed out: a file changed after indexing hands out no batch, and the
-error names it."""
+"""Staged reads of indexed Parquet (rounds from decoded row groups) check each row group's
+bytes (or, indexed without row-group digests, the file's hash) before its rows are handed
+out: the error names the file, and no row of a changed group is handed out. Here every row
+group is decoded for the first round, so a changed file hands out no batch at all."""
 
 from __future__ import annotations
 
