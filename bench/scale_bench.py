@@ -21,7 +21,9 @@ batch 1024, shuffle on, default options) at each size, every case in a fresh pro
   the naive loader a user writes first; cold (cache dropped) and warm;
 - ``index``: the same Parquet indexed in place (``stoker index``) read by the DataLoader;
   ``index first`` with an empty records directory (and the page cache dropped): the node's
-  first run, which saves the row groups' records; ``index later`` maps them.
+  first run, which saves the row groups' records; ``index later`` maps them;
+- ``index natural`` / ``baseline natural``: the same with shuffle off (the baseline reads
+  row groups in file order and does not permute rows), in a second table.
 
 Each case runs ``--repeats`` times (3, in turn with the others) and reports its median run:
 rows/s over the epoch (or over the first ``--max-seconds`` of it; the clock starts after
@@ -77,24 +79,24 @@ def prepare(workdir: Path, rows: int) -> Path:
 
 
 # -- cases (run in a child process) -------------------------------------------------------------
-def _stoker(path: Path) -> Iterator[Any]:
+def _stoker(path: Path, shuffle: bool = True) -> Iterator[Any]:
     from stoker.loader import DataLoader, ReadOptions
 
-    loader = DataLoader(str(path), batch_size=BATCH, shuffle=True, seed=0,
+    loader = DataLoader(str(path), batch_size=BATCH, shuffle=shuffle, seed=0,
                         columns=["seq", "label"],
                         read=ReadOptions(features=FEATURES, categoricals=CATS))
     yield from loader
 
 
-def _baseline(path: Path) -> Iterator[Any]:
+def _baseline(path: Path, shuffle: bool = True) -> Iterator[Any]:
     import pyarrow.parquet as pq
     import torch
 
     f = pq.ParquetFile(path / "parquet" / "data.parquet")
     rng = np.random.default_rng(0)
-    for g in rng.permutation(f.num_row_groups):
+    for g in rng.permutation(f.num_row_groups) if shuffle else range(f.num_row_groups):
         t = f.read_row_group(int(g))
-        perm = rng.permutation(t.num_rows)
+        perm = rng.permutation(t.num_rows) if shuffle else slice(None)
         feats = np.stack([t.column(c).to_numpy() for c in FEATURES], 1)[perm]
         cats = np.stack([t.column(c).to_numpy() for c in CATS], 1)[perm]
         seq = t.column("seq").combine_chunks().flatten().to_numpy().reshape(t.num_rows, -1)[perm]
@@ -122,7 +124,9 @@ def child(case: str, data: Path, max_seconds: float) -> dict[str, float]:
     before = _derived_bytes()
     t0 = time.perf_counter()
     it = {"stoker": lambda: _stoker(data / "stoker"), "index": lambda: _stoker(data / "parquet"),
-          "baseline": lambda: _baseline(data)}[case]()
+          "baseline": lambda: _baseline(data),
+          "index-natural": lambda: _stoker(data / "parquet", shuffle=False),
+          "baseline-natural": lambda: _baseline(data, shuffle=False)}[case]()
     rows = 0
     for batch in it:
         rows += len(batch["label"])
@@ -171,7 +175,11 @@ def spawn(case: str, data: Path, max_seconds: float, limit: int | None,
 CASES = (("baseline cold", "baseline", True, False), ("stoker node first", "stoker", True, True),
          ("stoker first", "stoker", True, False), ("stoker later", "stoker", False, False),
          ("baseline warm", "baseline", False, False), ("index first", "index", True, True),
-         ("index later", "index", False, False))
+         ("index later", "index", False, False),
+         ("baseline natural cold", "baseline-natural", True, False),
+         ("index natural first", "index-natural", True, True),
+         ("index natural later", "index-natural", False, False),
+         ("baseline natural warm", "baseline-natural", False, False))
 
 
 def run_size(workdir: Path, rows: int, max_seconds: float, limit: int | None,
@@ -184,7 +192,8 @@ def run_size(workdir: Path, rows: int, max_seconds: float, limit: int | None,
     cases = [c for c in CASES if only is None or c[0] in only]
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _, _ in cases}
     # each size its own: a node-first case empties its directory
-    records = {"index": data / "index-records", "stoker": data / "stoker-records"}
+    records = {"index": data / "index-records", "stoker": data / "stoker-records",
+               "index-natural": data / "index-records"}
     for _ in range(repeats):
         for name, case, cold, fresh in cases:
             if fresh:
@@ -194,6 +203,8 @@ def run_size(workdir: Path, rows: int, max_seconds: float, limit: int | None,
             r["cache_dropped"] = dropped
             runs[name].append(r)
             for kind, where in records.items():
+                if kind == "index-natural":
+                    continue
                 res[f"{kind}_records_bytes"] = sum(p.stat().st_size for p in where.glob("*.rec"))
             print(f"{rows:>11,} {name:<14} {r['rows_per_s'] / 1e6:6.2f} M rows/s  "
                   f"peak RSS {r['peak_rss'] / 2**20:7.0f} MiB  derived "
@@ -204,6 +215,14 @@ def run_size(workdir: Path, rows: int, max_seconds: float, limit: int | None,
         res[name] = {**got[len(got) // 2], "low": got[0]["rows_per_s"],
                      "high": got[-1]["rows_per_s"]}
     return res
+
+
+def _rate(r: dict[str, Any], k: str) -> str:
+    return f"{r[k]['rows_per_s'] / 1e6:.2f} M" if k in r else "-"
+
+
+def _ratio(r: dict[str, Any], a: str, b: str) -> str:
+    return f"{r[a]['rows_per_s'] / r[b]['rows_per_s']:.2f}x" if a in r and b in r else "-"
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -217,10 +236,10 @@ def table(results: list[dict[str, Any]]) -> str:
     ranges = []
     for r in results:
         def rate(k: str) -> str:
-            return f"{r[k]['rows_per_s'] / 1e6:.2f} M" if k in r else "-"
+            return _rate(r, k)
 
         def ratio(a: str, b: str) -> str:
-            return f"{r[a]['rows_per_s'] / r[b]['rows_per_s']:.2f}x" if a in r and b in r else "-"
+            return _ratio(r, a, b)
 
         later = r.get("stoker later")
         rss = f"{later['peak_rss'] / 2**20:.0f} MiB" if later else "-"
@@ -238,7 +257,23 @@ def table(results: list[dict[str, Any]]) -> str:
         ranges.append(f"{r['rows']:,}: " + ", ".join(
             f"{name} {r[name]['low'] / 1e6:.2f}-{r[name]['high'] / 1e6:.2f}"
             for name, _, _, _ in CASES if name in r))
-    return "\n".join(lines + ["", "Range of the runs (M rows/s):"] + ranges)
+    natural = ["", "Natural order (shuffle off; the baseline reads row groups in file order, "
+               "rows unshuffled):", "",
+               "| rows | memory | index natural first | index natural later | "
+               "baseline natural cold | baseline natural warm | first / cold base | "
+               "later / warm base |", "|" + "---:|" * 8]
+    for r in results:
+        if not any(name in r for name in ("index natural first", "index natural later")):
+            continue
+        mem = f"{r['memory_limit'] / 2**30:.0f} GiB cgroup" if r["memory_limit"] else "24 GiB"
+        natural.append(
+            f"| {r['rows']:,} | {mem} | {_rate(r, 'index natural first')} | "
+            f"{_rate(r, 'index natural later')} | {_rate(r, 'baseline natural cold')} | "
+            f"{_rate(r, 'baseline natural warm')} | "
+            f"{_ratio(r, 'index natural first', 'baseline natural cold')} | "
+            f"{_ratio(r, 'index natural later', 'baseline natural warm')} |")
+    return "\n".join(lines + (natural if len(natural) > 5 else [])
+                     + ["", "Range of the runs (M rows/s):"] + ranges)
 
 
 def _size(text: str) -> int:

@@ -29,6 +29,7 @@ from stoker.loader.fastpath.plan import FastPlan
 from stoker.loader.fastpath.record_store import RecordStore
 from stoker.loader.read.indexed.group_records import GroupRecords
 from stoker.loader.read.indexed.hashed_files import HashedFiles
+from stoker.loader.read.indexed.natural import NaturalGroups
 from stoker.loader.read.indexed.row_groups import RowGroups, all_records
 from stoker.loader.order.options import OrderOptions
 from stoker.loader.read.staging import Stager
@@ -91,6 +92,7 @@ class IndexSource(ArrowSource):
         # ~every group once, a file's groups in a row); bounded like the open shards
         self._footers: OrderedDict[int, pq.FileMetaData] = OrderedDict()
         self._row_groups: RowGroups | None = None  # decoded groups of staged rounds
+        self._natural: NaturalGroups | None = None  # decoded groups' records, natural order
 
     # -- integrity -----------------------------------------------------------------------
     def _path(self, index: int) -> str:
@@ -212,11 +214,17 @@ class IndexSource(ArrowSource):
         if self._row_groups is not None:
             self._row_groups.close()
             self._row_groups = None
-        if self.manifest.kind != "parquet-index" or not options.shuffle or self.image \
+        if self._natural is not None:
+            self._natural.close()
+            self._natural = None
+        if self.manifest.kind != "parquet-index" or self.image \
                 or not FastPlan.supports(self._schema, self.features, self.categoricals):
             return False
         plan = FastPlan(self._schema, self.columns, self.features, self.categoricals)
         if not all_records(plan):
+            return False
+        if not options.shuffle:
+            self._natural = NaturalGroups(plan, self._verified_group, self._cache_bytes)
             return False
         groups = RowGroups(self._verified_group,
                            lambda f: np.asarray(self.manifest.shards[f].batch_rows),
@@ -260,7 +268,11 @@ class IndexSource(ArrowSource):
         """As :meth:`ArrowSource.fetch_digested`; from staged rounds when :meth:`stage`
         enabled them."""
         ids = np.asarray(ids, dtype=np.int64)
-        stager = self._stager
+        stager, natural = self._stager, self._natural
+        if natural is not None and len(ids) and ids[-1] - ids[0] + 1 == len(ids):
+            served = self._fetch_natural(natural, ids, digest)
+            if served is not None:
+                return served
         if stager is not None and len(ids):
             slot = self._ring.acquire()
             try:
@@ -276,6 +288,28 @@ class IndexSource(ArrowSource):
             finally:
                 self._ring.release(slot)
         return super().fetch_digested(ids, epoch, seed, digest)
+
+    def _fetch_natural(self, natural: NaturalGroups, ids: np.ndarray,
+                       digest: Digest | None) -> tuple[dict[str, Any], Any] | None:
+        """A batch of consecutive rows (natural order) copied out of its row groups'
+        records; ``None`` when a group's columns are not plain (the caller reads it with
+        pyarrow)."""
+        starts = self._starts
+        file = int(np.searchsorted(starts, ids[0], side="right") - 1)
+        if ids[-1] >= starts[file + 1]:  # across two files: rare, read with pyarrow
+            return None
+        slot = self._ring.acquire()
+        try:
+            filled = natural.gather(file, self.manifest.shards[file].batch_rows,
+                                    int(ids[0] - starts[file]), len(ids), slot)
+            if filled is None:
+                return None
+            arrays: dict[str, np.ndarray] = {}
+            batch = natural.plan.run([], len(ids), slot, lambda cols: {}, None, filled,
+                                     arrays=arrays)
+            return batch, None if digest is None else digest(batch, arrays)
+        finally:
+            self._ring.release(slot)
 
     # -- reading --------------------------------------------------------------------------
     def _empty(self, columns: list[str]) -> pa.Table:
@@ -385,6 +419,8 @@ class IndexSource(ArrowSource):
             self._group_bytes = 0
         if self._row_groups is not None:
             self._row_groups.close()
+        if self._natural is not None:
+            self._natural.close()
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead[0] == os.getpid():
             executors.stop(ahead[1])

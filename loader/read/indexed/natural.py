@@ -1,0 +1,158 @@
+"""Natural-order batches of Parquet indexed in place, copied out of decoded row groups.
+
+Unshuffled, a batch is consecutive rows, mostly of one row group. Read through pyarrow, each
+batch took its rows from the decoded group (``Table.take``) and converted them column by
+column (``stack_features`` and the other rules of stoker.loader.fastpath.convert): 2 M W1
+rows, 0.40 M rows/s, the decode itself a tenth of the time (py-spy). Here each group is
+decoded once, transposed into row-major records (:func:`~stoker.loader.read.indexed.row_groups.plain_records`,
+as staged rounds do) and a batch copies one slice of them per output: the same bytes as the
+pyarrow path (tests/index/test_natural_order.py). The group after the one a batch read is
+decoded ahead in a background thread. Groups whose columns are not plain (nulls,
+dictionaries, casts) leave their batches to pyarrow.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from stoker.loader.fastpath.plan import FastPlan
+from stoker.loader.fastpath.ring import BufferRing, Slot
+from stoker.loader.fastpath.rowmajor import RecordLayout
+from stoker.loader.jit import executors, fork_gate
+from stoker.loader.read.indexed.row_groups import plain_records
+
+__all__ = ["NaturalGroups"]
+
+# record buffers kept for reuse (a kept group's is written again once nothing views it):
+# fresh memory faults in page by page, ~5x the cost of writing reused memory (row_groups)
+_RECORD_SLOTS = 8
+
+
+class NaturalGroups:
+    """Decoded row groups' records for natural-order batches, the most recently used kept
+    within ``budget`` bytes (at least one group).
+
+    Args:
+        plan: the source's fast plan (every output a record: see ``all_records``).
+        read: ``read(file, group)`` -> the group as a table (verified, cast to the
+            manifest's types).
+        budget: bytes of records kept.
+    """
+
+    def __init__(self, plan: FastPlan, read: Callable[[int, int], pa.Table],
+                 budget: int) -> None:
+        self.plan = plan
+        self._read, self._budget = read, budget
+        self._kept: OrderedDict[tuple[int, int], np.ndarray | None] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._buffers = BufferRing(_RECORD_SLOTS)
+        self._pending: dict[tuple[int, int], Future[None]] = {}  # groups decoding ahead
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None
+        self.layout: RecordLayout | None = None
+        self.decoded = 0  # row groups decoded (statistics)
+
+    def gather(self, file: int, group_rows: Sequence[int], row: int, n: int,
+               slot: Slot) -> dict[str, np.ndarray] | None:
+        """Outputs of rows ``row .. row + n - 1`` of ``file`` (row groups of
+        ``group_rows`` rows) written into ``slot``, or ``None`` when a group's columns are
+        not plain or an output is not a record (list lengths that differ)."""
+        starts = np.concatenate([[0], np.cumsum(group_rows)]).astype(np.int64)
+        group = int(np.searchsorted(starts, row, side="right") - 1)
+        arrays: dict[str, np.ndarray] | None = None
+        pos = 0
+        while pos < n:
+            lo, size = row + pos - int(starts[group]), int(group_rows[group])
+            if lo >= size:  # an empty group
+                group += 1
+                continue
+            records = self._records(file, group)
+            layout = self.layout
+            if records is None or layout is None:
+                return None
+            if arrays is None:
+                if {f.name for f in layout.fields} != {o.name for o in self.plan.outputs}:
+                    return None
+                arrays = {f.name: slot.array(f.name, (n, f.width), f.dtype)
+                          for f in layout.fields}
+            k = min(n - pos, size - lo)
+            for f in layout.fields:
+                arrays[f.name][pos:pos + k] = \
+                    records[lo:lo + k, f.offset:f.offset + f.nbytes].view(f.dtype)
+            pos += k
+            group += 1
+        if group < len(group_rows):
+            self._decode_ahead(file, group)
+        return arrays
+
+    def _records(self, file: int, group: int) -> np.ndarray | None:
+        key = (file, group)
+        with self._lock:
+            pending = self._pending.get(key)
+        if pending is not None:
+            pending.result()  # decoding ahead: wait for it (its error is this read's)
+        return self._load(key)
+
+    def _load(self, key: tuple[int, int]) -> np.ndarray | None:
+        """Group ``key``'s records, decoded unless kept."""
+        file, group = key
+        with self._lock:
+            if key in self._kept:
+                self._kept.move_to_end(key)
+                return self._kept[key]
+        batches = self._read(file, group).combine_chunks().to_batches()
+        with self._lock:
+            if self.layout is None and batches:
+                self.layout = RecordLayout.of(self.plan, batches)
+            layout = self.layout
+        records = None
+        if layout is not None and len(batches) == 1:
+            slot = self._buffers.acquire()
+            try:
+                records = plain_records(batches[0], layout, slot)
+            finally:
+                self._buffers.release(slot)
+        with self._lock:
+            self.decoded += 1
+            if key not in self._kept:
+                self._kept[key] = records
+                self._bytes += 0 if records is None else records.nbytes
+            while self._bytes > self._budget and len(self._kept) > 1:
+                _, old = self._kept.popitem(last=False)
+                self._bytes -= 0 if old is None else old.nbytes
+        return records
+
+    def _decode_ahead(self, file: int, group: int) -> None:
+        """Decode the group after the one a batch just read, in the background: the next
+        batches read it."""
+        key = (file, group)
+        with self._lock:
+            if key in self._kept or key in self._pending:
+                return
+            if self._pool is None or self._pool[0] != os.getpid():  # none yet, or forked
+                self._pool = (os.getpid(),
+                              ThreadPoolExecutor(1, thread_name_prefix="stoker-natural"))
+                self._pending.clear()  # a forked worker's: the parent's thread is not here
+            self._pending[key] = self._pool[1].submit(self._ahead, key)
+
+    def _ahead(self, key: tuple[int, int]) -> None:
+        try:
+            with fork_gate.unit():  # reads Parquet through pyarrow: not split by a fork
+                self._load(key)
+        finally:
+            with self._lock:
+                self._pending.pop(key, None)
+
+    def close(self) -> None:
+        """Stop decoding ahead (a decode under way finishes)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None and pool[0] == os.getpid():
+            executors.stop(pool[1])
