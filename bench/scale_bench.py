@@ -233,8 +233,14 @@ def table(results: list[dict[str, Any]]) -> str:
             "index first / cold base | index later / warm base | peak RSS stoker | "
             "derived data: stoker | derived data: index |")
     lines = [head, "|" + "---:|" * 18]
-    ranges = []
+    ranges = [f"{r['rows']:,}: " + ", ".join(
+        f"{name} {r[name]['low'] / 1e6:.2f}-{r[name]['high'] / 1e6:.2f}"
+        for name, _, _, _ in CASES if name in r) for r in results]
+    shuffled = [name for name, _, _, _ in CASES if "natural" not in name]
     for r in results:
+        if not any(name in r for name in shuffled):
+            continue
+
         def rate(k: str) -> str:
             return _rate(r, k)
 
@@ -254,9 +260,6 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{ratio('index first', 'baseline cold')} | {ratio('index later', 'baseline warm')} | "
             f"{rss} | {r.get('stoker_records_bytes', 0) / 2**30:.2f} GiB | "
             f"{r.get('index_records_bytes', 0) / 2**30:.2f} GiB |")
-        ranges.append(f"{r['rows']:,}: " + ", ".join(
-            f"{name} {r[name]['low'] / 1e6:.2f}-{r[name]['high'] / 1e6:.2f}"
-            for name, _, _, _ in CASES if name in r))
     natural = ["", "Natural order (shuffle off; the baseline reads row groups in file order, "
                "rows unshuffled):", "",
                "| rows | memory | index natural first | index natural later | "
@@ -272,6 +275,7 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{_rate(r, 'baseline natural warm')} | "
             f"{_ratio(r, 'index natural first', 'baseline natural cold')} | "
             f"{_ratio(r, 'index natural later', 'baseline natural warm')} |")
+    lines = lines if len(lines) > 2 else []  # natural-order cases only
     return "\n".join(lines + (natural if len(natural) > 5 else [])
                      + ["", "Range of the runs (M rows/s):"] + ranges)
 
