@@ -4,8 +4,9 @@ Unshuffled, a batch is consecutive rows, mostly of one row group. Read through p
 batch took its rows from the decoded group (``Table.take``) and converted them column by
 column (``stack_features`` and the other rules of stoker.loader.fastpath.convert): 2 M W1
 rows, 0.40 M rows/s, the decode itself a tenth of the time (py-spy). Here each group is
-decoded once, transposed into row-major records (:func:`~stoker.loader.read.indexed.row_groups.plain_records`,
-as staged rounds do) and a batch copies one slice of them per output: the same bytes as the
+decoded once, transposed into row-major records as staged rounds do
+(stoker.loader.read.indexed.row_groups.plain_records) and a batch copies one slice of them
+per output: the same bytes as the
 pyarrow path (tests/index/test_natural_order.py). The group after the one a batch read is
 decoded ahead in a background thread. Groups whose columns are not plain (nulls,
 dictionaries, casts) leave their batches to pyarrow.
@@ -13,10 +14,8 @@ dictionaries, casts) leave their batches to pyarrow.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Sequence
 
 import numpy as np
@@ -25,8 +24,8 @@ import pyarrow as pa
 from stoker.loader.fastpath.plan import FastPlan
 from stoker.loader.fastpath.ring import BufferRing, Slot
 from stoker.loader.fastpath.rowmajor import RecordLayout
-from stoker.loader.jit import executors, fork_gate
-from stoker.loader.read.indexed.row_groups import plain_records
+from stoker.loader.jit.ahead import Ahead
+from stoker.loader.read.indexed.row_groups import buffered_records
 
 __all__ = ["NaturalGroups"]
 
@@ -54,8 +53,7 @@ class NaturalGroups:
         self._bytes = 0
         self._lock = threading.Lock()
         self._buffers = BufferRing(_RECORD_SLOTS)
-        self._pending: dict[tuple[int, int], Future[None]] = {}  # groups decoding ahead
-        self._pool: tuple[int, ThreadPoolExecutor] | None = None
+        self._ahead = Ahead("stoker-natural")  # the next group, decoded ahead
         self.layout: RecordLayout | None = None
         self.decoded = 0  # row groups decoded (statistics)
 
@@ -93,12 +91,8 @@ class NaturalGroups:
         return arrays
 
     def _records(self, file: int, group: int) -> np.ndarray | None:
-        key = (file, group)
-        with self._lock:
-            pending = self._pending.get(key)
-        if pending is not None:
-            pending.result()  # decoding ahead: wait for it (its error is this read's)
-        return self._load(key)
+        self._ahead.wait((file, group))  # decoding ahead: its error is this read's
+        return self._load((file, group))
 
     def _load(self, key: tuple[int, int]) -> np.ndarray | None:
         """Group ``key``'s records, decoded unless kept."""
@@ -112,13 +106,8 @@ class NaturalGroups:
             if self.layout is None and batches:
                 self.layout = RecordLayout.of(self.plan, batches)
             layout = self.layout
-        records = None
-        if layout is not None and len(batches) == 1:
-            slot = self._buffers.acquire()
-            try:
-                records = plain_records(batches[0], layout, slot)
-            finally:
-                self._buffers.release(slot)
+        records = buffered_records(self._buffers, batches[0], layout) \
+            if layout is not None and len(batches) == 1 else None
         with self._lock:
             self.decoded += 1
             if key not in self._kept:
@@ -134,25 +123,10 @@ class NaturalGroups:
         batches read it."""
         key = (file, group)
         with self._lock:
-            if key in self._kept or key in self._pending:
+            if key in self._kept:
                 return
-            if self._pool is None or self._pool[0] != os.getpid():  # none yet, or forked
-                self._pool = (os.getpid(),
-                              ThreadPoolExecutor(1, thread_name_prefix="stoker-natural"))
-                self._pending.clear()  # a forked worker's: the parent's thread is not here
-            self._pending[key] = self._pool[1].submit(self._ahead, key)
-
-    def _ahead(self, key: tuple[int, int]) -> None:
-        try:
-            with fork_gate.unit():  # reads Parquet through pyarrow: not split by a fork
-                self._load(key)
-        finally:
-            with self._lock:
-                self._pending.pop(key, None)
+        self._ahead.start(key, lambda: self._load(key))
 
     def close(self) -> None:
         """Stop decoding ahead (a decode under way finishes)."""
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None and pool[0] == os.getpid():
-            executors.stop(pool[1])
+        self._ahead.close()

@@ -15,10 +15,8 @@ is mapped instead of decoded, and a decoded group's records are saved for later 
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterator
 
 import numpy as np
@@ -27,11 +25,11 @@ import pyarrow as pa
 from stoker.loader.fastpath.plan import FastPlan, ShardData
 from stoker.loader.fastpath.ring import BufferRing, Slot
 from stoker.loader.fastpath.rowmajor import RecordLayout
-from stoker.loader.jit import executors, fork_gate
+from stoker.loader.jit.ahead import Ahead
 from stoker.loader.read.indexed.group_records import GroupRecords
 from stoker.loader.read.staging import StagedRecords
 
-__all__ = ["RowGroups", "all_records", "plain_records"]
+__all__ = ["RowGroups", "all_records", "buffered_records", "plain_records"]
 
 # rows of records plain_records transposes at once: a copy of more than 500 elements gives
 # the GIL up (NumPy's NPY_BEGIN_THREADS_THRESHOLDED) and must wait to take it back
@@ -114,6 +112,17 @@ def plain_records(batch: pa.RecordBatch, layout: RecordLayout,
     return records
 
 
+def buffered_records(buffers: BufferRing, batch: pa.RecordBatch,
+                     layout: RecordLayout) -> np.ndarray | None:
+    """:func:`plain_records` written into a buffer of ``buffers`` (written again once
+    nothing views it)."""
+    slot = buffers.acquire()
+    try:
+        return plain_records(batch, layout, slot)
+    finally:
+        buffers.release(slot)
+
+
 class RowGroups:
     """Decoded row groups (records or kernel inputs), dropped past ``budget`` bytes in the
     order the rounds read them (:meth:`_victim`), the next one decoded ahead.
@@ -144,8 +153,7 @@ class RowGroups:
         self._bytes = 0
         self._round, self._last = 0, (-1, -1)
         self._lock = threading.Lock()
-        self._pending: dict[tuple[int, int], Future[None]] = {}  # groups decoding ahead
-        self._pool: tuple[int, ThreadPoolExecutor] | None = None
+        self._ahead = Ahead("stoker-decode")  # the group after the one a round read
         self._groups: dict[int, int] = {}  # row groups of each file, asked once
         self._buffers = BufferRing(_RECORD_SLOTS)  # groups' records (plain_records)
         self.decoded = 0  # row groups decoded (statistics: ~ groups per epoch when it fits)
@@ -160,9 +168,8 @@ class RowGroups:
             if hit is not None:
                 self._kept[key] = (hit[0], hit[1], self._round)
                 self._kept.move_to_end(key)
-            pending = self._pending.get(key)
-        if hit is None and pending is not None:
-            pending.result()  # decoding ahead: wait for it, then look again
+        if hit is None:
+            self._ahead.wait(key)  # decoding ahead: wait for it, then look again
             with self._lock:
                 hit = self._kept.get(key)
         data = hit[0] if hit is not None else self._load(key)
@@ -197,13 +204,8 @@ class RowGroups:
         batches = self._read(*key).combine_chunks().to_batches()
         self._opened(batches)
         layout = self._layout()
-        records = None
-        if layout is not None and len(batches) == 1:
-            slot = self._buffers.acquire()
-            try:
-                records = plain_records(batches[0], layout, slot)
-            finally:
-                self._buffers.release(slot)
+        records = buffered_records(self._buffers, batches[0], layout) \
+            if layout is not None and len(batches) == 1 else None
         with self._lock:
             self.decoded += 1
         if records is None:  # the kernels read a packed copy, as they read a shard
@@ -222,26 +224,13 @@ class RowGroups:
         if key[1] >= count:
             return
         with self._lock:
-            if key in self._kept or key in self._pending or self._bytes >= self._budget:
+            if key in self._kept or self._bytes >= self._budget:
                 return
-            if self._pool is None or self._pool[0] != os.getpid():  # none yet, or forked
-                self._pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="stoker-decode"))
-            self._pending[key] = self._pool[1].submit(self._ahead, key)
-
-    def _ahead(self, key: tuple[int, int]) -> None:
-        try:
-            with fork_gate.unit():  # reads Parquet through pyarrow: not split by a fork
-                self._load(key)
-        finally:
-            with self._lock:
-                self._pending.pop(key, None)
+        self._ahead.start(key, lambda: self._load(key))
 
     def close(self) -> None:
         """Stop decoding ahead (a decode under way finishes); kept groups go with this."""
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None and pool[0] == os.getpid():
-            executors.stop(pool[1])
+        self._ahead.close()
         if self.stored is not None:
             self.stored.close()
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -23,7 +22,7 @@ import pyarrow.parquet as pq
 
 from stoker.loader.read.arrow import ArrowSource, Digest
 from stoker.loader.fallbacks import note
-from stoker.loader.jit import executors
+from stoker.loader.jit.ahead import Ahead
 from stoker.loader.fastpath.advise import shards_fit_memory
 from stoker.loader.fastpath.plan import FastPlan
 from stoker.loader.fastpath.record_store import RecordStore
@@ -78,8 +77,7 @@ class IndexSource(ArrowSource):
         # ``stat`` when their footer was checked
         self._unchecked: dict[int, os.stat_result] = {}
         self._checked_groups: set[tuple[int, int]] = set()
-        self._ahead: tuple[int, ThreadPoolExecutor,
-                           dict[tuple[int, int], Future[None]]] | None = None
+        self._ahead = Ahead("stoker-check")  # the next row group, checked ahead
         self._verify = verify
         # files this node hashed before and that are unchanged since (stat) are not hashed
         self._hashed = HashedFiles(where) if where else None
@@ -151,13 +149,11 @@ class IndexSource(ArrowSource):
         st = self._unchecked.get(index)
         if st is None:
             return
-        pending = self._checks_ahead()
-        with self._verify_lock:
-            checking = pending[1].pop((index, group), None)
-        if group + 1 < len(self.manifest.shards[index].batch_rows):
-            self._check_ahead(index, group + 1, st)
-        if checking is not None:
-            checking.result()  # its error, if any, is this read's
+        if group + 1 < len(self.manifest.shards[index].batch_rows) and \
+                (index, group + 1) not in self._checked_groups:
+            self._ahead.start((index, group + 1),
+                              lambda: self._check_one(index, group + 1, st))
+        self._ahead.wait((index, group))  # checked ahead: its error is this read's
         if (index, group) not in self._checked_groups:
             self._check_one(index, group, st)
 
@@ -165,22 +161,6 @@ class IndexSource(ArrowSource):
         span = self.manifest.shards[index].extra["digests"]["row_groups"][group]
         self._check_span(index, span, f"row group {group}", st)
         self._checked_groups.add((index, group))
-
-    def _checks_ahead(self) -> tuple[ThreadPoolExecutor, dict[tuple[int, int], Future[None]]]:
-        """This process's thread checking groups ahead, and its checks under way (a forked
-        worker starts its own: the parent's thread is not in it)."""
-        with self._verify_lock:
-            if self._ahead is None or self._ahead[0] != os.getpid():
-                self._ahead = (os.getpid(),
-                               ThreadPoolExecutor(1, thread_name_prefix="stoker-check"), {})
-            return self._ahead[1], self._ahead[2]
-
-    def _check_ahead(self, index: int, group: int, st: os.stat_result) -> None:
-        pool, pending = self._checks_ahead()
-        with self._verify_lock:
-            if (index, group) in self._checked_groups or (index, group) in pending:
-                return
-            pending[(index, group)] = pool.submit(self._check_one, index, group, st)
 
     def _check_span(self, index: int, span: list[Any], what: str, st: os.stat_result) -> None:
         """``span`` = ``[start, end, xxh3-128]`` of file ``index`` as indexed, or
@@ -421,7 +401,5 @@ class IndexSource(ArrowSource):
             self._row_groups.close()
         if self._natural is not None:
             self._natural.close()
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[0] == os.getpid():
-            executors.stop(ahead[1])
+        self._ahead.close()
         super().close()
