@@ -249,7 +249,8 @@ class IndexSource(ArrowSource):
         enabled them."""
         ids = np.asarray(ids, dtype=np.int64)
         stager, natural = self._stager, self._natural
-        if natural is not None and len(ids) and ids[-1] - ids[0] + 1 == len(ids):
+        if natural is not None and len(ids) and ids[-1] - ids[0] + 1 == len(ids) and \
+                bool((np.diff(ids) == 1).all()):  # consecutive, in order
             served = self._fetch_natural(natural, ids, digest)
             if served is not None:
                 return served
@@ -275,6 +276,8 @@ class IndexSource(ArrowSource):
         records; ``None`` when a group's columns are not plain (the caller reads it with
         pyarrow)."""
         starts = self._starts
+        if ids[0] < 0 or ids[-1] >= starts[-1]:  # the pyarrow path names the bad ids
+            return None
         file = int(np.searchsorted(starts, ids[0], side="right") - 1)
         if ids[-1] >= starts[file + 1]:  # across two files: rare, read with pyarrow
             return None
