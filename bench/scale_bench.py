@@ -240,24 +240,19 @@ def table(results: list[dict[str, Any]]) -> str:
     for r in results:
         if not any(name in r for name in shuffled):
             continue
-
-        def rate(k: str) -> str:
-            return _rate(r, k)
-
-        def ratio(a: str, b: str) -> str:
-            return _ratio(r, a, b)
-
         later = r.get("stoker later")
         rss = f"{later['peak_rss'] / 2**20:.0f} MiB" if later else "-"
         mem = f"{r['memory_limit'] / 2**30:.0f} GiB cgroup" if r["memory_limit"] else "24 GiB"
         lines.append(
             f"| {r['rows']:,} | {r['shard_bytes'] / 1e9:.1f} | {mem} | "
-            f"{rate('stoker node first')} | {rate('stoker first')} | "
-            f"{rate('stoker later')} | {rate('baseline cold')} | {rate('baseline warm')} | "
-            f"{ratio('stoker node first', 'baseline cold')} | "
-            f"{ratio('stoker first', 'baseline cold')} | {ratio('stoker later', 'baseline warm')} | "
-            f"{rate('index first')} | {rate('index later')} | "
-            f"{ratio('index first', 'baseline cold')} | {ratio('index later', 'baseline warm')} | "
+            f"{_rate(r, 'stoker node first')} | {_rate(r, 'stoker first')} | "
+            f"{_rate(r, 'stoker later')} | {_rate(r, 'baseline cold')} | "
+            f"{_rate(r, 'baseline warm')} | {_ratio(r, 'stoker node first', 'baseline cold')} | "
+            f"{_ratio(r, 'stoker first', 'baseline cold')} | "
+            f"{_ratio(r, 'stoker later', 'baseline warm')} | "
+            f"{_rate(r, 'index first')} | {_rate(r, 'index later')} | "
+            f"{_ratio(r, 'index first', 'baseline cold')} | "
+            f"{_ratio(r, 'index later', 'baseline warm')} | "
             f"{rss} | {r.get('stoker_records_bytes', 0) / 2**30:.2f} GiB | "
             f"{r.get('index_records_bytes', 0) / 2**30:.2f} GiB |")
     natural = ["", "Natural order (shuffle off; the baseline reads row groups in file order, "

@@ -6,10 +6,9 @@ column (``stack_features`` and the other rules of stoker.loader.fastpath.convert
 rows, 0.40 M rows/s, the decode itself a tenth of the time (py-spy). Here each group is
 decoded once, transposed into row-major records as staged rounds do
 (stoker.loader.read.indexed.row_groups.plain_records) and a batch copies one slice of them
-per output: the same bytes as the
-pyarrow path (tests/index/test_natural_order.py). The group after the one a batch read is
-decoded ahead in a background thread. Groups whose columns are not plain (nulls,
-dictionaries, casts) leave their batches to pyarrow.
+per output: the same bytes as the pyarrow path (tests/index/test_natural_order.py). The
+group after the one a batch read is decoded ahead in a background thread. Groups whose
+columns are not plain (nulls, dictionaries, casts) leave their batches to pyarrow.
 """
 
 from __future__ import annotations
@@ -55,6 +54,8 @@ class NaturalGroups:
         self._buffers = BufferRing(_RECORD_SLOTS)
         self._ahead = Ahead("stoker-natural")  # the next group, decoded ahead
         self.layout: RecordLayout | None = None
+        self._whole = False  # whether the layout holds every output of the plan
+        self._starts: dict[int, np.ndarray] = {}  # each file's row-group starts
         self.decoded = 0  # row groups decoded (statistics)
 
     def gather(self, file: int, group_rows: Sequence[int], row: int, n: int,
@@ -62,7 +63,9 @@ class NaturalGroups:
         """Outputs of rows ``row .. row + n - 1`` of ``file`` (row groups of
         ``group_rows`` rows) written into ``slot``, or ``None`` when a group's columns are
         not plain or an output is not a record (list lengths that differ)."""
-        starts = np.concatenate([[0], np.cumsum(group_rows)]).astype(np.int64)
+        starts = self._starts.get(file)
+        if starts is None:
+            starts = self._starts[file] = np.concatenate([[0], np.cumsum(group_rows)])
         group = int(np.searchsorted(starts, row, side="right") - 1)
         arrays: dict[str, np.ndarray] | None = None
         pos = 0
@@ -73,11 +76,9 @@ class NaturalGroups:
                 continue
             records = self._records(file, group)
             layout = self.layout
-            if records is None or layout is None:
+            if records is None or layout is None or not self._whole:
                 return None
             if arrays is None:
-                if {f.name for f in layout.fields} != {o.name for o in self.plan.outputs}:
-                    return None
                 arrays = {f.name: slot.array(f.name, (n, f.width), f.dtype)
                           for f in layout.fields}
             k = min(n - pos, size - lo)
@@ -105,6 +106,9 @@ class NaturalGroups:
         with self._lock:
             if self.layout is None and batches:
                 self.layout = RecordLayout.of(self.plan, batches)
+                # every output a field of the records (a list whose lengths differ is not)
+                self._whole = self.layout is not None and \
+                    {f.name for f in self.layout.fields} == {o.name for o in self.plan.outputs}
             layout = self.layout
         records = buffered_records(self._buffers, batches[0], layout) \
             if layout is not None and len(batches) == 1 else None

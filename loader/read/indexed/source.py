@@ -249,8 +249,7 @@ class IndexSource(ArrowSource):
         enabled them."""
         ids = np.asarray(ids, dtype=np.int64)
         stager, natural = self._stager, self._natural
-        if natural is not None and len(ids) and ids[-1] - ids[0] + 1 == len(ids) and \
-                bool((np.diff(ids) == 1).all()):  # consecutive, in order
+        if natural is not None and len(ids) and bool((np.diff(ids) == 1).all()):  # consecutive
             served = self._fetch_natural(natural, ids, digest)
             if served is not None:
                 return served
