@@ -40,14 +40,18 @@ class Windows:
         ahead: ``ahead(fn, *args)`` runs ``fn(*args)`` in the background and returns its
             future, or ``None`` when it cannot (the chunk is then computed when needed);
             ``None``: no chunks are computed ahead.
+        after_end: called once, as ``after_end(size, rank, world_size)``, when the chunks
+            asked ahead reach the order's end (what comes next is another order's: the
+            caller may compute its first chunk of ``size`` positions ahead, :meth:`prime`).
 
     One consumer asks for windows (the loader's iterator); not safe for concurrent callers.
     """
 
     def __init__(self, compute: Compute, num_samples: int, chunk: int = CHUNK,
-                 ahead: Ahead | None = None) -> None:
+                 ahead: Ahead | None = None,
+                 after_end: Callable[[int, int, int], None] | None = None) -> None:
         self._compute, self.num_samples = compute, int(num_samples)
-        self._chunk, self._ahead_fn = max(1, int(chunk)), ahead
+        self._chunk, self._ahead_fn, self._after_end = max(1, int(chunk)), ahead, after_end
         self._kept: tuple[int, int, int, int, np.ndarray] | None = None  # see rank_ids
         self._ahead: list[tuple[int, int, int, int, Future[np.ndarray]]] = []
         self.chunks_ahead = 0  # chunks taken from the background
@@ -83,12 +87,22 @@ class Windows:
                 end = self._ahead[-1][3]
             lo = end + (rank - end) % world_size
             if lo >= self.num_samples:
+                if self._after_end is not None:
+                    self._after_end(size, rank, world_size)
+                    self._after_end = None
                 return
             hi = min(self.num_samples, lo + size)
             future = self._ahead_fn(self._compute, lo, hi, world_size)  # type: ignore[misc]
             if future is None:
                 return
             self._ahead.append((lo, rank, world_size, hi, future))
+
+    def prime(self, rank: int, world_size: int, hi: int, ids: Future[np.ndarray]) -> None:
+        """Take the ids of rank ``rank``'s positions ``[0, hi)`` from ``ids``, computed
+        elsewhere (another order's ``after_end``), for the first window that starts there;
+        before any window was asked."""
+        if self._kept is None and not self._ahead:
+            self._ahead.append((rank, rank, world_size, hi, ids))
 
     def _chunk_at(self, first: int, hi: int, rank: int,
                   world_size: int) -> tuple[int, int, int, int, np.ndarray]:

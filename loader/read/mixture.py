@@ -231,10 +231,14 @@ class MixtureSource:
         cannot be read at once."""
         if not self.union:
             return None
-        # one kernel call for the group: each call hands the GIL over and back
+        # one kernel call for the group, and each batch's column a NumPy view: a torch call
+        # such as ``split`` releases and retakes the GIL, a wait behind the other threads
+        # (W1, 2 thread workers: the mixture read 82 % of the single source with ``split``,
+        # 89 % with views; bench/mixture_bench.py)
         src = source_of(np.concatenate([np.asarray(b, dtype=np.int64) for b in batches]),
                         self._offsets)
-        columns = torch.from_numpy(src).split([len(b) for b in batches])
+        ends = np.cumsum([len(b) for b in batches]).tolist()
+        columns = [torch.from_numpy(src[lo:hi]) for lo, hi in zip([0, *ends], ends)]
         pending = iter(columns)  # the reader digests the batches in order
 
         def with_source(batch: dict[str, Any], arrays: Any) -> Any:

@@ -77,6 +77,35 @@ def test_rank_windows_from_chunks_computed_ahead_follow_the_written_rule(
     assert ahead.rank_ids(0, 1, 0, 1).tolist() != [wrong[0]]  # the comparison can fail
 
 
+@pytest.mark.parametrize("world", [1, 3])
+def test_the_next_epoch_s_first_chunk_is_computed_ahead_and_follows_the_written_rule(
+        sources, world: int) -> None:
+    """Reading an epoch's windows to its end asks the next epoch's first chunk of the
+    background thread: the next epoch's order takes it (its first window counts as a chunk
+    from the thread) and every window is the written rule's; an order of another epoch
+    drops it and computes its own."""
+    mix, order, _ = _order(sources, 5, 0)
+    passes = PassOrders(order.passes._rows, order.passes._fps, 5, order.options)
+    L, rank = mix.num_samples, world - 1
+    for epoch, taken in [(0, 0), (1, 1), (3, 0)]:  # epoch 2's chunk is asked, never read
+        model = _order(sources, 5, epoch)[2]
+        cur = MixtureOrder(mix, passes, epoch, chunk=8)
+        first = cur.rank_ids(0, 6, rank, world)
+        assert cur.chunks_ahead == taken, epoch
+        assert first.tolist() == [model[k] for k in range(0, 6) if k % world == rank]
+        if epoch == 1:
+            assert passes.upcoming(2) is None  # not asked yet: epoch 1 is not at its end
+        for start in range(6, L, 6):
+            got = cur.rank_ids(start, min(L, start + 6), rank, world)
+            want = [model[k] for k in range(start, min(L, start + 6)) if k % world == rank]
+            assert got.tolist() == want, (epoch, start)
+    passes.close()
+    wrong = _order(sources, 5, 1)[2]
+    wrong[rank] += 1
+    assert MixtureOrder(mix, passes, 1).rank_ids(0, 6, rank, world).tolist() != \
+        [wrong[k] for k in range(0, 6) if k % world == rank]  # the comparison can fail
+
+
 def test_the_order_thread_stops_with_its_loader_and_runs_inline_after(sources) -> None:
     """Closing the loader stops the thread; chunks already asked of it are still computed
     (an order holding their futures gets its ids, not a cancellation), later ones inline."""
