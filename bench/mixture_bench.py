@@ -89,6 +89,19 @@ NOTES = """\
   with 2 workers as in this table at 9e1e2f8 (mixture 3,872,984 rows/s, single 4,276,190),
   the single source more, so the ratio fell from 87-91 % to ~80 % (three runs with 64 k
   chunks: 80, 80, 79).
+- Session 21 (b7f88b3), W1 with 2 thread workers, ad hoc (/tmp/s21/mixt.py: both loaders
+  taking turns, 30-40 epochs, first batch and the rest timed apart): the mixture's rest of
+  an epoch took 50-58 ms against the single source's 43-51, and its first batch 5-7 ms
+  against 3. The rest: a group's `"source"` columns came from `torch.split`, a torch call
+  that releases and retakes the GIL, each time behind the other threads' Python; with the
+  `source` column left out the mixture read 89-93 %, with NumPy views of one array
+  (`torch.from_numpy` of each batch's slice, no GIL hand-over) 87-89 %, with `split` 82 %.
+  The first batch: the first chunk of an epoch's order was computed inline by the consumer
+  (~3 ms for 64 k positions); the chunk is now asked of the order thread when the previous
+  epoch's chunks reach its end (the loader reads epoch e + 1 after e unless `set_epoch`
+  says otherwise; another epoch drops it), and the mixture's first batch takes what the
+  single source's does (2.7-3.3 ms). The table above is the first run of this command
+  after both.
 - A group's `"source"` column is one kernel call that now keeps the GIL
   (`stoker.loader.jit.kernel.gil_kernel`): released, the worker thread waited to get it
   back from the other threads' Python after a few microseconds of work (py-spy: ~25 ms of
