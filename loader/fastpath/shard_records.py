@@ -6,7 +6,9 @@ reserves memory from the budget, then maps its records from the node's store
 (:mod:`stoker.loader.fastpath.record_store`; at once: ~10 ms per 250 MB, verified) or builds them (in a
 background thread under ``"auto"``; batches use the column path meanwhile), and the process that
 built them saves them for every later process and then serves the saved file itself (page cache
-instead of private memory). An evicted shard gives its records and budget back.
+instead of private memory); a process whose worker processes wait for the file builds the
+records straight into it (``RecordStore.build``: nothing to write afterwards). An evicted shard
+gives its records and budget back.
 
 A stored file is never trusted on its own checksum (that can be rewritten with the bytes):
 every file this process maps and did not write itself is compared with the shard's columns at
@@ -53,7 +55,7 @@ __all__ = ["ShardRecords", "lower_priority"]
 
 logger = logging.getLogger(__name__)
 
-_LOOK_S = 0.5  # seconds between a forked worker's looks for records another process saved
+_LOOK_S = 0.1  # seconds between a forked worker's looks for records another process saved
 
 
 class ShardRecords:
@@ -232,6 +234,11 @@ class ShardRecords:
                 return records, False
         if self.mode > 0 and os.getpid() != self.owner_pid:
             return None, False
+        if self.for_workers:  # they map the file: built in place, mapped once it is written
+            stored = store.build(name, rows * layout.stride,
+                                 lambda out: rowmajor.build(layout, data, misfits, out))
+            if stored is not None:
+                return stored.reshape(rows, layout.stride), False
         return rowmajor.build(layout, data, misfits), True
 
     def _matches(self, store: RecordStore, name: str, index: int, data: ShardData,

@@ -314,3 +314,52 @@ def test_a_forked_worker_maps_records_another_process_saved_later(
     assert len(_files(where)) == dataset.num_shards
     assert _bytes(worker.fetch(IDS)) == want
     assert len(worker._records) == dataset.num_shards  # mapped from the saved files
+
+
+def test_records_built_in_place_are_published_verified_and_never_half_written(
+        tmp_path: Path) -> None:
+    """RecordStore.build (worker processes wait for the file): the bytes a fill writes are
+    published under the name with their digest, as a save publishes them; a file that exists
+    is not built again; a fill that fails leaves nothing; a temporary file deleted meanwhile
+    (room made for a shard) is not published, and says so."""
+    from stoker.cache.lock import FileLock
+
+    store = RecordStore(str(tmp_path))
+    want = np.arange(64, dtype=np.uint8)
+
+    def fill(out: np.ndarray) -> None:
+        out[:] = want
+
+    got = store.build("a.rec", 64, fill)
+    assert got is not None and np.array_equal(got, want)
+    assert np.array_equal(store.open("a.rec", 64), want)
+    assert (tmp_path / "a.rec").stat().st_size == 64 + 16
+    assert store.build("a.rec", 64, lambda out: pytest.fail("built twice")) is None
+
+    def broken(out: np.ndarray) -> None:
+        out[:4] = 1
+        raise ValueError("kernel failed")
+
+    with pytest.raises(ValueError, match="kernel failed"):
+        store.build("b.rec", 64, broken)
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == \
+        ["a.rec"]
+
+    def evicted(out: np.ndarray) -> None:
+        out[:] = want
+        for p in tmp_path.glob(".writing*"):
+            p.unlink()
+
+    with collecting() as noted:
+        got = store.build("c.rec", 64, evicted)
+    assert got is not None and np.array_equal(got, want)  # still this process's records
+    assert not (tmp_path / "c.rec").exists()
+    assert noted["records_not_saved"][0] == 1 and "deleted while being written" in \
+        noted["records_not_saved"][1]
+
+    busy = FileLock(str(tmp_path / "d.rec") + ".lock")
+    assert busy.acquire(timeout=0)
+    try:  # another process builds it: this one builds in memory
+        assert store.build("d.rec", 64, lambda out: pytest.fail("two writers")) is None
+    finally:
+        busy.release()
