@@ -21,8 +21,8 @@ temporary file published by an atomic rename. (Building straight into a file-bac
 was measured 1.7-3x slower than anonymous memory here, bench/RESULTS.md.) Only a process whose
 worker processes wait for the file builds it in place (:meth:`RecordStore.build`): they map
 it once built, not once built and then written (2 M W1 rows, 2 process workers, first run:
-0.49 -> 0.67 M rows/s shuffled; one process alone read 1.22 -> 0.86 M rows/s in place,
-so it keeps building in memory). The directory is
+0.49 -> 0.67 M rows/s shuffled; with no workers 1.20-1.41 M building in memory against
+0.82-0.97 M in place, so a process alone keeps building in memory). The directory is
 bounded, and no file is written that would leave the filesystem less than 10 % free:
 
 * in the node cache's records directory (``<cache_dir>/row-major``, the default) of a cache
@@ -204,8 +204,8 @@ class RecordStore:
               fill: Callable[[np.ndarray], object]) -> np.ndarray | None:
         """Write file ``name`` in place: ``fill(out)`` writes the ``nbytes`` records into a
         shared map of a new file (its disk blocks reserved first), which is then published
-        with its digest, as :meth:`save` publishes. Returns the filled records (that map;
-        valid even if the file was deleted meanwhile to make room for a shard: then not
+        with its digest, as :meth:`save` publishes. Returns the filled records (that map,
+        read-only; valid even if the file was deleted meanwhile to make room for a shard: then not
         published, the counted ``"records_not_saved"``), or ``None`` when :meth:`save` would
         not write (the file exists, another process writes it, no room): the caller builds
         in memory then. For worker processes that wait for the file: a build in memory then
@@ -240,7 +240,9 @@ class RecordStore:
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
-            return data[:nbytes]
+            records = data[:nbytes]
+            records.flags.writeable = False  # shared with every process that maps the file
+            return records
         finally:
             lock.release()
 

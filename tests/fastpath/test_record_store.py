@@ -331,7 +331,7 @@ def test_records_built_in_place_are_published_verified_and_never_half_written(
         out[:] = want
 
     got = store.build("a.rec", 64, fill)
-    assert got is not None and np.array_equal(got, want)
+    assert got is not None and np.array_equal(got, want) and _file_backed(got)
     assert np.array_equal(store.open("a.rec", 64), want)
     assert (tmp_path / "a.rec").stat().st_size == 64 + 16
     assert store.build("a.rec", 64, lambda out: pytest.fail("built twice")) is None
