@@ -40,11 +40,12 @@ A process that maps a deleted file keeps reading it (the inode lives until it is
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import xxhash
@@ -169,53 +170,33 @@ class RecordStore:
         Raises:
             OSError: no room on the disk, or the directory is not writable.
         """
-        lock = FileLock(self._path(name) + ".lock")
-        if not lock.acquire(timeout=0):
-            return False  # another process is writing the same records
-        try:
-            if self.exists(name):
-                return False
-            raw = memoryview(np.ascontiguousarray(records).reshape(-1))
-            nbytes = raw.nbytes + _TRAILER
-            tmp = self._reserve(name, nbytes)
+        raw = memoryview(np.ascontiguousarray(records).reshape(-1))
+        with self._publishing(name, raw.nbytes + _TRAILER) as tmp:
             if tmp is None:
                 return False
-            try:
-                with open(tmp, "wb") as f:
-                    for lo in range(0, raw.nbytes, _WRITE_CHUNK):
-                        if os.fstat(f.fileno()).st_nlink == 0:
-                            raise FileNotFoundError(tmp)  # deleted: a shard needed the room
-                        f.write(raw[lo:lo + _WRITE_CHUNK])
-                    f.write(xxhash.xxh3_128_digest(raw))
-                os.replace(tmp, self._path(name))
-            except FileNotFoundError:
-                Path(tmp).unlink(missing_ok=True)
-                note("records_not_saved", f"{name} ({nbytes} bytes) in {self.root}: deleted "
-                                          "while being written, to make room for a shard")
-                return False
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            with open(tmp, "wb") as f:
+                for lo in range(0, raw.nbytes, _WRITE_CHUNK):
+                    if os.fstat(f.fileno()).st_nlink == 0:
+                        raise FileNotFoundError(tmp)  # deleted: a shard needed the room
+                    f.write(raw[lo:lo + _WRITE_CHUNK])
+                f.write(xxhash.xxh3_128_digest(raw))
+            os.replace(tmp, self._path(name))
             return True
-        finally:
-            lock.release()
+        return False  # deleted while written (said by _publishing)
 
     def build(self, name: str, nbytes: int,
               fill: Callable[[np.ndarray], object]) -> np.ndarray | None:
         """Write file ``name`` in place: ``fill(out)`` writes the ``nbytes`` records into a
         shared map of a new file (its disk blocks reserved first), which is then published
         with its digest, as :meth:`save` publishes. Returns the filled records (that map,
-        read-only; valid even if the file was deleted meanwhile to make room for a shard: then not
-        published, the counted ``"records_not_saved"``), or ``None`` when :meth:`save` would
-        not write (the file exists, another process writes it, no room): the caller builds
-        in memory then. For worker processes that wait for the file: a build in memory then
-        a save writes every page twice, each a fresh page on this machine (bench/RESULTS.md
-        "Fresh memory")."""
-        lock = FileLock(self._path(name) + ".lock")
-        if not lock.acquire(timeout=0):
-            return None
-        try:
-            tmp = None if self.exists(name) else self._reserve(name, nbytes + _TRAILER)
+        read-only; valid even if the file was deleted meanwhile to make room for a shard: then
+        not published, the counted ``"records_not_saved"``), or ``None`` when :meth:`save`
+        would not write (the file exists, another process writes it, no room): the caller
+        builds in memory then. For worker processes that wait for the file: a build in memory
+        then a save writes every page twice, each a fresh page on this machine
+        (bench/RESULTS.md "Fresh memory")."""
+        data = None
+        with self._publishing(name, nbytes + _TRAILER) as tmp:
             if tmp is None:
                 return None
             try:
@@ -230,19 +211,40 @@ class RecordStore:
                 note("records_not_saved", f"{name} ({nbytes} bytes) in {self.root}: {exc}")
                 return None
             data = np.frombuffer(region, dtype=np.uint8)
+            fill(data[:nbytes])
+            data[nbytes:] = np.frombuffer(xxhash.xxh3_128_digest(data[:nbytes]), np.uint8)
+            os.replace(tmp, self._path(name))
+        if data is None:
+            return None
+        records = data[:nbytes]
+        records.flags.writeable = False  # shared with every process that maps the file
+        return records
+
+    @contextlib.contextmanager
+    def _publishing(self, name: str, nbytes: int) -> Iterator[str | None]:
+        """The temporary file to write ``name``'s ``nbytes`` into and publish, or ``None``
+        when this process must not write it (the file exists, another process holds
+        ``<name>.lock``, no room: :meth:`_reserve`). A temporary deleted while written (a
+        shard needed the room) ends the block early as the counted ``"records_not_saved"``;
+        any other error deletes it and propagates."""
+        lock = FileLock(self._path(name) + ".lock")
+        if not lock.acquire(timeout=0):
+            yield None
+            return
+        try:
+            tmp = None if self.exists(name) else self._reserve(name, nbytes)
+            if tmp is None:
+                yield None
+                return
             try:
-                fill(data[:nbytes])
-                data[nbytes:] = np.frombuffer(xxhash.xxh3_128_digest(data[:nbytes]), np.uint8)
-                os.replace(tmp, self._path(name))
+                yield tmp
             except FileNotFoundError:
+                Path(tmp).unlink(missing_ok=True)
                 note("records_not_saved", f"{name} ({nbytes} bytes) in {self.root}: deleted "
                                           "while being written, to make room for a shard")
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
-            records = data[:nbytes]
-            records.flags.writeable = False  # shared with every process that maps the file
-            return records
         finally:
             lock.release()
 
