@@ -11,7 +11,7 @@ Column descriptions (``meta``) hold *byte* offsets into the arena, ``-1`` for "n
 bitmap", and the Arrow array offset (sliced arrays), per record batch.
 
 The same ten-way switch on the physical type code appears in :func:`_dispatch`,
-:func:`copy_fixed` and :func:`gather_list` on purpose: each branch must call its helper with a
+:func:`_copy_rows` and :func:`gather_list` on purpose: each branch must call its helper with a
 differently typed view, and the one generic alternative, passing the helper as a function
 argument, makes Numba refuse ``cache=True`` (numba/numba#6251), which the start-up time needs.
 
@@ -120,9 +120,20 @@ def _dispatch(views, code, meta, j, chunk, row, dest, out):  # type: ignore[no-u
         _bool_column(u8, meta, j, chunk, row, dest, out)
 
 
+#: ``gather_fixed`` copies runs of consecutive rows tile by tile when its rows average at
+#: least this many per run (natural order): 2.2x faster for a contiguous 1,024-row W1 batch
+#: of 64 float32 columns (75 against 165 us), and never slower from 16 rows per run
+_RUN_ROWS = 16
+_TILE_ROWS = 256  # rows per tile: 256 rows x 64 float32 = 64 KiB stays in L1/L2
+
+
 @kernel
 def gather_fixed(views, meta, chunk, row, dest, out):  # type: ignore[no-untyped-def]
     """Fixed-width columns -> ``out[dest[i], j]`` (cast to ``out``'s dtype; nulls -> 0).
+
+    Rows that come in runs (consecutive rows of one record batch to consecutive output rows,
+    as natural order asks) are copied as :func:`copy_ranges` copies them; scattered rows are
+    gathered a column at a time. The values written are the same either way.
 
     Args:
         views: :func:`arena_views` of the shard.
@@ -132,7 +143,22 @@ def gather_fixed(views, meta, chunk, row, dest, out):  # type: ignore[no-untyped
         chunk, row, dest: int64 ``[n]`` row locations and output rows.
         out: ``[B, K]`` output (any numeric dtype).
     """
-    if chunk.shape[0] == 0:
+    n = chunk.shape[0]
+    if n == 0:
+        return
+    runs = 1
+    for i in range(1, n):
+        if chunk[i] != chunk[i - 1] or row[i] != row[i - 1] + 1 or dest[i] != dest[i - 1] + 1:
+            runs += 1
+    if runs * _RUN_ROWS <= n:
+        i = 0
+        while i < n:
+            k = i + 1
+            while k < n and chunk[k] == chunk[i] and row[k] == row[k - 1] + 1 and \
+                    dest[k] == dest[k - 1] + 1:
+                k += 1
+            _copy_rows(views, meta, chunk[i], row[i], k - i, dest[i], _TILE_ROWS, out)
+            i = k
         return
     for j in range(meta.shape[1]):  # column-major: each column's reads walk forwards
         _dispatch(views, meta[0, j, 0], meta, j, chunk, row, dest, out)
@@ -183,43 +209,51 @@ def copy_ranges(views, meta, starts, firsts, ends, dests, block, out):  # type: 
     each column is read sequentially (a row-major copy, see stoker.loader.fastpath.rowmajor and
     stoker.loader.read.staging).
     """
-    u8, i8, i16, i32, i64, u16, u32, u64, f32, f64 = views
     last = starts.shape[0] - 1
     for i in range(firsts.shape[0]):
         pos = firsts[i]
         c = last_at_or_below(starts, pos, 0, last)
         while pos < ends[i]:
             stop = min(ends[i], starts[c + 1])
-            for lo in range(pos, stop, block):
-                n = min(block, stop - lo)
-                r0 = dests[i] + lo - firsts[i]
-                lo_c = lo - starts[c]
-                for j in range(meta.shape[1]):
-                    code = meta[0, j, 0]
-                    if code == F32:
-                        _copy_column(f32, 2, u8, meta, j, c, lo_c, n, r0, out)
-                    elif code == I64:
-                        _copy_column(i64, 3, u8, meta, j, c, lo_c, n, r0, out)
-                    elif code == F64:
-                        _copy_column(f64, 3, u8, meta, j, c, lo_c, n, r0, out)
-                    elif code == I32:
-                        _copy_column(i32, 2, u8, meta, j, c, lo_c, n, r0, out)
-                    elif code == I16:
-                        _copy_column(i16, 1, u8, meta, j, c, lo_c, n, r0, out)
-                    elif code == I8:
-                        _copy_column(i8, 0, u8, meta, j, c, lo_c, n, r0, out)
-                    elif code == U8:
-                        _copy_column(u8, 0, u8, meta, j, c, lo_c, n, r0, out)
-                    elif code == U16:
-                        _copy_column(u16, 1, u8, meta, j, c, lo_c, n, r0, out)
-                    elif code == U32:
-                        _copy_column(u32, 2, u8, meta, j, c, lo_c, n, r0, out)
-                    elif code == U64:
-                        _copy_column(u64, 3, u8, meta, j, c, lo_c, n, r0, out)
-                    else:
-                        _copy_bool(u8, meta, j, c, lo_c, n, r0, out)
+            _copy_rows(views, meta, c, pos - starts[c], stop - pos, dests[i] + pos - firsts[i],
+                       block, out)
             pos = stop
             c += 1
+
+
+@kernel
+def _copy_rows(views, meta, c, lo, n, r0, block, out):  # type: ignore[no-untyped-def]
+    """Rows ``lo:lo + n`` of record batch ``c`` -> ``out[r0:r0 + n, :]``, ``block`` rows
+    at a time over every column (the tile of ``out`` stays in cache while each column is
+    read sequentially)."""
+    u8, i8, i16, i32, i64, u16, u32, u64, f32, f64 = views
+    for t in range(lo, lo + n, block):
+        m = min(block, lo + n - t)
+        r = r0 + t - lo
+        for j in range(meta.shape[1]):
+            code = meta[0, j, 0]
+            if code == F32:
+                _copy_column(f32, 2, u8, meta, j, c, t, m, r, out)
+            elif code == I64:
+                _copy_column(i64, 3, u8, meta, j, c, t, m, r, out)
+            elif code == F64:
+                _copy_column(f64, 3, u8, meta, j, c, t, m, r, out)
+            elif code == I32:
+                _copy_column(i32, 2, u8, meta, j, c, t, m, r, out)
+            elif code == I16:
+                _copy_column(i16, 1, u8, meta, j, c, t, m, r, out)
+            elif code == I8:
+                _copy_column(i8, 0, u8, meta, j, c, t, m, r, out)
+            elif code == U8:
+                _copy_column(u8, 0, u8, meta, j, c, t, m, r, out)
+            elif code == U16:
+                _copy_column(u16, 1, u8, meta, j, c, t, m, r, out)
+            elif code == U32:
+                _copy_column(u32, 2, u8, meta, j, c, t, m, r, out)
+            elif code == U64:
+                _copy_column(u64, 3, u8, meta, j, c, t, m, r, out)
+            else:
+                _copy_bool(u8, meta, j, c, t, m, r, out)
 
 
 @kernel
