@@ -100,3 +100,48 @@ def test_saves_waiting_for_the_disk_are_bounded(indexed: Path, tmp_path: Path,
     monkeypatch.setattr(group_records, "_PENDING", 8)
     assert _epoch(_loader(indexed, where)) == want
     assert len(list(where.glob("*.rec"))) == 7
+
+
+def _natural(root: Path, where: Any) -> DataLoader:
+    return DataLoader(str(root), batch_size=16, shuffle=False, columns=["seq", "label"],
+                      read=ReadOptions(features=FEATS, categoricals=CATS, records_dir=where))
+
+
+def test_natural_order_reads_the_stored_groups_shuffled_runs_share(indexed: Path,
+                                                                   tmp_path: Path,
+                                                                   memory: str) -> None:
+    """Unshuffled runs save the groups they decode and a later run reads them instead of
+    decoding (the first group read fixes the layout); shuffled and natural runs share the
+    files; the batches are the bytes of a run that keeps no records."""
+    want = _epoch(_natural(indexed, False))
+    groups = 4 + 3
+    where = tmp_path / "records"
+    first = _natural(indexed, where)
+    assert _epoch(first) == want
+    assert first._source._natural.decoded == groups
+    assert len(list(where.glob("*.rec"))) == groups
+    later = _natural(indexed, where)
+    assert _epoch(later) == want
+    assert later._source._natural.decoded == 1
+    assert later._source._natural.stored.mapped == groups - 1
+    shuffled = _loader(indexed, where)  # the same files serve shuffled rounds
+    assert _epoch(shuffled) == _epoch(_loader(indexed, False))
+    assert shuffled._source._row_groups.stored.mapped == groups - 1
+    assert len(list(where.glob("*.rec"))) == groups
+
+
+def test_natural_order_never_serves_stored_records_that_differ(
+        indexed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(group_records, "CHECKED_COLUMNS", 100)  # every column
+    want = _epoch(_natural(indexed, False))
+    where = tmp_path / "records"
+    _epoch(_natural(indexed, where))
+    for path in where.glob("*.rec"):
+        raw = bytearray(path.read_bytes())
+        body = raw[:-16]
+        body[8] ^= 0x01  # the first record's f2
+        path.write_bytes(bytes(body) + xxhash.xxh3_128_digest(bytes(body)))
+    later = _natural(indexed, where)
+    assert _epoch(later) == want
+    assert later.stats.fallbacks["records_mismatch"] == 7 - 1
+    assert later._source._natural.stored.mapped == 0

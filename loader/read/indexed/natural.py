@@ -9,6 +9,11 @@ decoded once, transposed into row-major records as staged rounds do
 per output: the same bytes as the pyarrow path (tests/index/test_natural_order.py). The
 group after the one a batch read is decoded ahead in a background thread. Groups whose
 columns are not plain (nulls, dictionaries, casts) leave their batches to pyarrow.
+
+A decoded group's records are saved in the node's record store, and a group found there is
+read from it instead of decoded (stoker.loader.read.indexed.group_records: checked against
+the file before it is served), as shuffled runs do: the same records serve both orders, so
+a later run decodes only the group that fixes the record layout.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from stoker.loader.fastpath.plan import FastPlan
 from stoker.loader.fastpath.ring import BufferRing, Slot
 from stoker.loader.fastpath.rowmajor import RecordLayout
 from stoker.loader.jit.ahead import Ahead
+from stoker.loader.read.indexed.group_records import GroupRecords
 from stoker.loader.read.indexed.row_groups import buffered_records
+from stoker.loader.read.staged_files import FileRecords
 
 __all__ = ["NaturalGroups"]
 
@@ -42,12 +49,15 @@ class NaturalGroups:
         read: ``read(file, group)`` -> the group as a table (verified, cast to the
             manifest's types).
         budget: bytes of records kept.
+        stored: the node's stored records of row groups (``None``: kept nowhere): a group
+            found there is read, not decoded; a decoded group's records are saved.
     """
 
     def __init__(self, plan: FastPlan, read: Callable[[int, int], pa.Table],
-                 budget: int) -> None:
+                 budget: int, stored: GroupRecords | None = None) -> None:
         self.plan = plan
         self._read, self._budget = read, budget
+        self.stored = stored
         self._kept: OrderedDict[tuple[int, int], np.ndarray | None] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -56,6 +66,7 @@ class NaturalGroups:
         self.layout: RecordLayout | None = None
         self._whole = False  # whether the layout holds every output of the plan
         self._starts: dict[int, np.ndarray] = {}  # each file's row-group starts
+        self._rows: dict[int, Sequence[int]] = {}  # each file's row-group sizes
         self.decoded = 0  # row groups decoded (statistics)
 
     def gather(self, file: int, group_rows: Sequence[int], row: int, n: int,
@@ -66,6 +77,7 @@ class NaturalGroups:
         starts = self._starts.get(file)
         if starts is None:
             starts = self._starts[file] = np.concatenate([[0], np.cumsum(group_rows)])
+            self._rows[file] = group_rows
         group = int(np.searchsorted(starts, row, side="right") - 1)
         arrays: dict[str, np.ndarray] | None = None
         pos = 0
@@ -96,13 +108,49 @@ class NaturalGroups:
         return self._load((file, group))
 
     def _load(self, key: tuple[int, int]) -> np.ndarray | None:
-        """Group ``key``'s records, decoded unless kept."""
-        file, group = key
+        """Group ``key``'s records, stored, kept or decoded."""
         with self._lock:
             if key in self._kept:
                 self._kept.move_to_end(key)
                 return self._kept[key]
-        batches = self._read(file, group).combine_chunks().to_batches()
+        records = self._stored(key)
+        if records is None:
+            records = self._decode(key)
+        with self._lock:
+            if key not in self._kept:
+                self._kept[key] = records
+                self._bytes += 0 if records is None else records.nbytes
+            while self._bytes > self._budget and len(self._kept) > 1:
+                _, old = self._kept.popitem(last=False)
+                self._bytes -= 0 if old is None else old.nbytes
+        return records
+
+    def _stored(self, key: tuple[int, int]) -> np.ndarray | None:
+        """Group ``key``'s stored records, once a decoded group fixed the layout: mapped, or
+        past memory read whole into a reused buffer (a group's batches read all of it)."""
+        layout, stored = self.layout, self.stored
+        if stored is None or layout is None or not self._whole:
+            return None
+        rows = int(self._rows[key[0]][key[1]])
+        found = stored.open(key[0], key[1], rows, layout)
+        if found is None:
+            return None
+        if not isinstance(found, FileRecords):
+            return found
+        slot = self._buffers.acquire()
+        try:
+            with found:
+                records = slot.array("records", (rows, layout.stride), np.uint8)
+                one = np.zeros(1, dtype=np.int64)
+                found.copy_runs(records, one, one + rows, one)
+            return records
+        finally:
+            self._buffers.release(slot)
+
+    def _decode(self, key: tuple[int, int]) -> np.ndarray | None:
+        """Group ``key`` decoded into records (``None``: its columns are not plain), which
+        are then saved."""
+        batches = self._read(*key).combine_chunks().to_batches()
         with self._lock:
             if self.layout is None and batches:
                 self.layout = RecordLayout.of(self.plan, batches)
@@ -110,16 +158,11 @@ class NaturalGroups:
                 self._whole = self.layout is not None and \
                     {f.name for f in self.layout.fields} == {o.name for o in self.plan.outputs}
             layout = self.layout
+            self.decoded += 1
         records = buffered_records(self._buffers, batches[0], layout) \
             if layout is not None and len(batches) == 1 else None
-        with self._lock:
-            self.decoded += 1
-            if key not in self._kept:
-                self._kept[key] = records
-                self._bytes += 0 if records is None else records.nbytes
-            while self._bytes > self._budget and len(self._kept) > 1:
-                _, old = self._kept.popitem(last=False)
-                self._bytes -= 0 if old is None else old.nbytes
+        if records is not None and self.stored is not None and self._whole:
+            self.stored.save(key[0], key[1], layout, records)
         return records
 
     def _decode_ahead(self, file: int, group: int) -> None:
@@ -132,5 +175,7 @@ class NaturalGroups:
         self._ahead.start(key, lambda: self._load(key))
 
     def close(self) -> None:
-        """Stop decoding ahead (a decode under way finishes)."""
+        """Stop decoding ahead (a decode under way finishes) and saving."""
         self._ahead.close()
+        if self.stored is not None:
+            self.stored.close()

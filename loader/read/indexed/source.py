@@ -204,7 +204,8 @@ class IndexSource(ArrowSource):
         if not all_records(plan):
             return False
         if not options.shuffle:
-            self._natural = NaturalGroups(plan, self._verified_group, self._cache_bytes)
+            self._natural = NaturalGroups(plan, self._verified_group, self._cache_bytes,
+                                          self._group_records())
             return False
         groups = RowGroups(self._verified_group,
                            lambda f: np.asarray(self.manifest.shards[f].batch_rows),
@@ -217,11 +218,11 @@ class IndexSource(ArrowSource):
         return True
 
     def wait_row_major(self) -> None:
-        """As :meth:`ArrowSource.wait_row_major`, and the saves of staged groups' records."""
+        """As :meth:`ArrowSource.wait_row_major`, and the saves of row groups' records."""
         super().wait_row_major()
-        groups = self._row_groups
-        if groups is not None and groups.stored is not None:
-            groups.stored.wait()
+        for groups in (self._row_groups, self._natural):
+            if groups is not None and groups.stored is not None:
+                groups.stored.wait()
 
     def _group_records(self) -> GroupRecords | None:
         """The node's stored records of row groups (None: records kept nowhere)."""
