@@ -20,10 +20,11 @@ __all__ = ["Ahead"]
 
 
 class Ahead:
-    """Jobs by key in one background thread named ``name`` (see the module docstring)."""
+    """Jobs by key in ``threads`` background threads named ``name`` (see the module
+    docstring)."""
 
-    def __init__(self, name: str) -> None:
-        self._name = name
+    def __init__(self, name: str, threads: int = 1) -> None:
+        self._name, self._threads = name, threads
         self._lock = threading.Lock()
         self._pool: tuple[int, ThreadPoolExecutor] | None = None
         self._pending: dict[Hashable, Future[None]] = {}
@@ -33,7 +34,8 @@ class Ahead:
         fork-gate unit (it may call pyarrow, which a fork must not split)."""
         with self._lock:
             if self._pool is None or self._pool[0] != os.getpid():  # none yet, or forked
-                self._pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix=self._name))
+                self._pool = (os.getpid(), ThreadPoolExecutor(self._threads,
+                                                                  thread_name_prefix=self._name))
                 self._pending = {}
             if key not in self._pending:
                 self._pending[key] = self._pool[1].submit(self._run, key, job)

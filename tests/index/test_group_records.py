@@ -11,7 +11,7 @@ import pytest
 import xxhash
 
 from stoker.loader import DataLoader, ReadOptions
-from stoker.loader.read.indexed import group_records
+from stoker.loader.read.indexed import group_records, natural
 
 from staged_index import CATS, FEATS, indexed  # noqa: F401 - a fixture
 
@@ -124,6 +124,7 @@ def test_natural_order_reads_the_stored_groups_shuffled_runs_share(indexed: Path
     assert _epoch(later) == want
     assert later._source._natural.decoded == 1
     assert later._source._natural.stored.mapped == groups - 1
+    assert len(later._source._natural._kept) <= natural._KEPT  # groups read go
     shuffled = _loader(indexed, where)  # the same files serve shuffled rounds
     assert _epoch(shuffled) == _epoch(_loader(indexed, False))
     assert shuffled._source._row_groups.stored.mapped == groups - 1

@@ -129,8 +129,26 @@ class GroupRecords:
                                      f"column {bad!r}")
             self._store.discard(name)
             return None
-        self.mapped += 1
+        with self._lock:  # natural order opens two groups at once
+            self.mapped += 1
         return records
+
+    def advise(self, file: int, group: int, rows: int, layout: RecordLayout) -> None:
+        """Ask the kernel to read the group's stored records, if any, into the page cache
+        now (``POSIX_FADV_WILLNEED``): natural order asks for the group after the one it
+        reads, so the disk streams that file while this one is checked and copied (20 M
+        W1 rows in a 6 GiB cgroup: one synchronous read after another left the disk idle
+        through each group's check)."""
+        if not self._past_memory or not hasattr(os, "posix_fadvise"):
+            return
+        try:
+            fd = os.open(self._store.path(self._name(file, group, rows, layout)), os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
 
     def save(self, file: int, group: int, layout: RecordLayout, records: np.ndarray) -> None:
         """Save a decoded group's records in the background (a lower-priority thread, one at
