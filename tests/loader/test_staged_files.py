@@ -120,3 +120,27 @@ def test_records_larger_than_the_directory_limit_are_not_built(
     dl.close()
     assert not list(tmp_path.glob("*.rec"))
     _same(got, columns)
+
+
+def test_a_note_of_records_written_holds_in_their_boot(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file this node wrote is read unhashed until the machine restarts (the page cache
+    serves what was written); one that hashed right, in any boot; another file under the
+    same name (a new inode or size), never."""
+    from stoker.loader.read import staged_files
+
+    path = tmp_path / "a.rec"
+    path.write_bytes(b"x" * 32)
+    assert not staged_files.hashed_before(str(path))
+    staged_files.note_written(str(path))
+    assert staged_files.hashed_before(str(path))
+    monkeypatch.setattr(staged_files, "_boot", lambda: "a later boot")
+    assert not staged_files.hashed_before(str(path))  # restarted since: hashed again
+    staged_files.note_hashed(str(path))
+    assert staged_files.hashed_before(str(path))
+    monkeypatch.undo()
+    assert staged_files.hashed_before(str(path))
+    other = tmp_path / "b.rec"
+    other.write_bytes(b"y" * 33)
+    other.replace(path)  # a new file under the name
+    assert not staged_files.hashed_before(str(path))

@@ -32,7 +32,7 @@ from stoker.loader.fastpath.record_store import RecordStore
 from stoker.loader.fastpath.rowmajor import RecordLayout
 from stoker.loader.fastpath.shard_records import lower_priority
 from stoker.loader.jit import executors, fork_gate
-from stoker.loader.read.staged_files import FileRecords, hashed_before, note_hashed
+from stoker.loader.read.staged_files import FileRecords, hashed_before, note_hashed, note_written
 
 __all__ = ["CHECKED_COLUMNS", "GroupRecords", "first_mismatch"]
 
@@ -173,7 +173,8 @@ class GroupRecords:
         lower_priority()
         try:
             with fork_gate.unit():  # a file half written must not be split by a fork
-                self._store.save(name, records)
+                if self._store.save(name, records) and self._past_memory:
+                    note_written(self._store.path(name))
         except OSError as exc:  # full disk, permissions: later runs decode the group again
             logger.warning("records of an indexed row group were not saved to %s: %s",
                            self._store.root, exc)
