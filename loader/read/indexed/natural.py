@@ -7,7 +7,7 @@ rows, 0.40 M rows/s, the decode itself a tenth of the time (py-spy). Here each g
 decoded once, transposed into row-major records as staged rounds do
 (stoker.loader.read.indexed.row_groups.plain_records) and a batch copies one slice of them
 per output: the same bytes as the pyarrow path (tests/index/test_natural_order.py). The
-group after the one a batch read is decoded ahead in a background thread. Groups whose
+two groups after the one a batch read are loaded ahead in background threads. Groups whose
 columns are not plain (nulls, dictionaries, casts) leave their batches to pyarrow.
 
 A decoded group's records are saved in the node's record store, and a group found there is
