@@ -76,7 +76,6 @@ class NaturalGroups:
         self.layout: RecordLayout | None = None
         self._whole = False  # whether the layout holds every output of the plan
         self._starts: dict[int, np.ndarray] = {}  # each file's row-group starts
-        self._rows: dict[int, Sequence[int]] = {}  # each file's row-group sizes
         self.decoded = 0  # row groups decoded (statistics)
 
     def gather(self, file: int, group_rows: Sequence[int], row: int, n: int,
@@ -87,7 +86,6 @@ class NaturalGroups:
         starts = self._starts.get(file)
         if starts is None:
             starts = self._starts[file] = np.concatenate([[0], np.cumsum(group_rows)])
-            self._rows[file] = group_rows
         group = int(np.searchsorted(starts, row, side="right") - 1)
         arrays: dict[str, np.ndarray] | None = None
         pos = 0
@@ -141,13 +139,14 @@ class NaturalGroups:
         layout, stored = self.layout, self.stored
         if stored is None or layout is None or not self._whole:
             return None
-        sizes = self._rows[key[0]]
-        rows = int(sizes[key[1]])
-        found = stored.open(key[0], key[1], rows, layout)
+        file, group = key
+        sizes = np.diff(self._starts[file])
+        rows = int(sizes[group])
+        found = stored.open(file, group, rows, layout)
         if found is None:
             return None
-        if key[1] + 1 < len(sizes):
-            stored.advise(key[0], key[1] + 1, int(sizes[key[1] + 1]), layout)
+        if group + 1 < len(sizes):
+            stored.advise(file, group + 1, int(sizes[group + 1]), layout)
         if not isinstance(found, FileRecords):
             return found
         slot = self._buffers.acquire()
