@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from stoker.loader.jit.intrinsics import pointer, pointer32, pointer64
 from stoker.loader.jit.kernel import kernel
 from stoker.loader.jit.search import last_at_or_below
 
 __all__ = ["BOOL", "CODES", "F32", "F64", "I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64",
-           "arena_views", "copy_fixed", "copy_list_ranges", "copy_ranges", "gather_binary",
+           "arena_views", "columns_to_records", "copy_fixed", "copy_list_ranges", "copy_ranges", "gather_binary",
            "gather_fixed", "gather_list", "var_lengths"]
 
 # Physical type codes of fixed-width Arrow buffers (index into the ``views`` tuple, except BOOL,
@@ -254,6 +255,41 @@ def _copy_rows(views, meta, c, lo, n, r0, block, out):  # type: ignore[no-untype
                 _copy_column(u64, 3, u8, meta, j, c, t, m, r, out)
             else:
                 _copy_bool(u8, meta, j, c, t, m, r, out)
+
+
+@kernel
+def columns_to_records(addrs, sizes, offsets, rows, block, out, stride):  # type: ignore[no-untyped-def]
+    """Row ``r`` of column ``j`` (``sizes[j]`` bytes per row, contiguous at address
+    ``addrs[j]``) -> bytes ``offsets[j]:offsets[j] + sizes[j]`` of record ``r`` (records of
+    ``stride`` bytes from address ``out``), for ``rows`` rows, ``block`` rows at a time over
+    every column (the tile of records stays in cache while each column is read in order).
+    4- and 8-byte values (offsets and stride multiples of their size) move as one word each.
+
+    Plain columns (no nulls, no cast) made row-major in one call that holds no GIL: NumPy
+    copies one column of one tile per call and takes the GIL for each
+    (stoker.loader.read.indexed.row_groups.plain_records)."""
+    o8 = pointer(out)
+    o32 = pointer32(out)
+    o64 = pointer64(out)
+    for t in range(0, rows, block):
+        m = min(block, rows - t)
+        for j in range(addrs.shape[0]):
+            size, o = sizes[j], offsets[j]
+            if size == 4:
+                p32 = pointer32(addrs[j])
+                s, d = stride >> 2, o >> 2
+                for r in range(t, t + m):
+                    o32[r * s + d] = p32[r]
+            elif size == 8:
+                p64 = pointer64(addrs[j])
+                s, d = stride >> 3, o >> 3
+                for r in range(t, t + m):
+                    o64[r * s + d] = p64[r]
+            else:
+                p8 = pointer(addrs[j])
+                for r in range(t, t + m):
+                    for b in range(size):
+                        o8[r * stride + o + b] = p8[r * size + b]
 
 
 @kernel

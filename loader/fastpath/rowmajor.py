@@ -21,7 +21,6 @@ once across the open shards (see :data:`AUTO_BUDGET_BYTES`).
 
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stoker.loader.fastpath import kernels as k
+from stoker.loader.fastpath.ring import fresh_pages
 
 if TYPE_CHECKING:
     from stoker.loader.fastpath.plan import FastPlan, ShardData
@@ -110,24 +110,12 @@ def _list_width(batches: Sequence[pa.RecordBatch], name: str) -> int:
 
 
 def _allocate(rows: int, width: int, dtype: np.dtype) -> np.ndarray:
-    """An uninitialised ``[rows, width]`` array in plain anonymous pages.
-
-    Not ``np.empty``: NumPy advises huge pages for large arrays, and with the kernel's
-    ``defrag=madvise`` setting every fault then compacts memory; measured here a shard's copy
-    took 3x longer that way, and the gathers were no faster with huge pages. Pages are
-    populated up front: the copy writes all of them anyway.
-    """
+    """An uninitialised ``[rows, width]`` array in plain anonymous pages
+    (:func:`~stoker.loader.fastpath.ring.fresh_pages`)."""
     nbytes = rows * width * dtype.itemsize
     if nbytes == 0:
         return np.empty((rows, width), dtype=dtype)
-    # MAP_POPULATE (Linux) faults every page in at once: half the cost of one fault per page
-    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0) | getattr(mmap, "MAP_POPULATE", 0)
-    try:
-        region = mmap.mmap(-1, nbytes, flags=flags)
-    except (OSError, ValueError, TypeError):  # a platform without these flags
-        region = mmap.mmap(-1, nbytes)
-    return np.frombuffer(region, dtype=dtype).reshape(rows, width)
-
+    return fresh_pages(nbytes).view(dtype).reshape(rows, width)
 
 
 @dataclass(frozen=True, slots=True)

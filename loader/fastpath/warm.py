@@ -38,14 +38,15 @@ from stoker.loader.fastpath.plan import FastPlan, ShardData
 from stoker.loader.fastpath.record_table import RecordTable
 from stoker.loader.fastpath.ring import BufferRing
 from stoker.loader.jit import fork_gate, warmup
-from stoker.loader.jit.kernel import made
+from stoker.loader.jit.kernel import compiled, made
 from stoker.loader.order.blend import Blend
 from stoker.loader.order.epoch import EpochOrder
 from stoker.loader.order.feistel import order_range
 from stoker.loader.order.mixture_kernel import pick_spans, place, source_of
 from stoker.loader.order.options import OrderOptions
 
-__all__ = ["after_first_batch", "plan_key", "prime", "prime_mixture", "ready", "served", "start"]
+__all__ = ["after_first_batch", "plan_key", "prime", "prime_mixture", "ready", "served", "start",
+           "usable"]
 
 _served = threading.Event()  # a first batch was delivered in this process (see served)
 _HOLD_S = 1.0  # longest a warm-up waits for that first batch before it compiles anyway
@@ -93,6 +94,14 @@ def ready(key: tuple[str, ...], plan: FastPlan, schema: pa.Schema, row_major: bo
     if not warmup.started(key):  # a forked or unpickled worker: its own warm-up
         start(plan, schema, row_major)
     return warmup.finished(key)
+
+
+def usable(fn: Any) -> bool:
+    """Whether kernel ``fn`` may be called now without compiling it on the caller's thread:
+    it is compiled in this process, or the node compiled the kernels before (a call loads it
+    from the cache), or ``STOKER_COLD_START=wait``. Otherwise its caller uses its NumPy form
+    (same bytes) while a warm-up compiles it."""
+    return compiled(fn) or warmup.kernels_wait() or _warm_node(ask=False)
 
 
 def served() -> None:
@@ -208,6 +217,8 @@ def _run(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
             plan.run([(data, one, one, one)], 1, slot, lambda cols: {c: None for c in cols})
             if layout is not None:
                 rowmajor.build(layout, data, layout.misfits(batches))
+                none = np.zeros(0, dtype=np.int64)  # indexed Parquet's plain groups' records
+                kernels.columns_to_records(none, none, none, 0, 1, one.ctypes.data, 8)
         finally:
             ring.release(slot)
     except _expected() as exc:  # only a head start; the first batch loads them (or raises)

@@ -1,7 +1,8 @@
-"""Two LLVM intrinsics the record gather needs and Numba does not expose.
+"""LLVM intrinsics the record kernels need and Numba does not expose.
 
-- :func:`pointer`: an integer address as a ``uint8*``, so one kernel call can read the
-  row-major records of many shards (each its own allocation) through a table of addresses.
+- :func:`pointer` (:func:`pointer32`, :func:`pointer64`): an integer address as a ``uint8*``
+  (``uint32*``, ``uint64*``), so one kernel call can read the row-major records of many
+  shards (each its own allocation), or many columns, through a table of addresses.
 - :func:`prefetch`: ``llvm.prefetch`` (read, keep in all cache levels). A shuffled batch reads
   rows at random addresses; issuing the loads of rows a few iterations ahead keeps many cache
   misses in flight instead of the handful the out-of-order core finds on its own (measured:
@@ -17,22 +18,40 @@ from typing import Any
 
 from stoker.loader.jit.kernel import lazy_intrinsic
 
-__all__ = ["pointer", "prefetch"]
+__all__ = ["pointer", "pointer32", "pointer64", "prefetch"]
 
 
-@lazy_intrinsic
-def pointer(typingctx: Any, address: Any) -> Any:
-    """``uint8*`` at integer ``address`` (index it like an array of bytes)."""
+def _pointer_to(address: Any, value: str) -> Any:
+    """The signature and code of an intrinsic that reads integer ``address`` as a pointer to
+    values of the Numba type named ``value``."""
     from numba import types
 
     if not isinstance(address, types.Integer):
         return None
-    result = types.CPointer(types.uint8)
+    result = types.CPointer(getattr(types, value))
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
         return builder.inttoptr(args[0], context.get_value_type(result))
 
     return result(address), codegen
+
+
+@lazy_intrinsic
+def pointer(typingctx: Any, address: Any) -> Any:
+    """``uint8*`` at integer ``address`` (index it like an array of bytes)."""
+    return _pointer_to(address, "uint8")
+
+
+@lazy_intrinsic
+def pointer32(typingctx: Any, address: Any) -> Any:
+    """``uint32*`` at integer ``address`` (index it like an array of 4-byte words)."""
+    return _pointer_to(address, "uint32")
+
+
+@lazy_intrinsic
+def pointer64(typingctx: Any, address: Any) -> Any:
+    """``uint64*`` at integer ``address`` (index it like an array of 8-byte words)."""
+    return _pointer_to(address, "uint64")
 
 
 @lazy_intrinsic

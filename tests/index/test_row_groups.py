@@ -85,16 +85,24 @@ def _layout_and_batch(kind: str, rows: int = 50) -> tuple[Any, pa.RecordBatch]:
 
 
 @pytest.mark.parametrize("rows", [50, 20_250])  # one tile; 41 tiles, the last one partial
-def test_plain_records_are_the_kernels_records(rows: int) -> None:
-    from stoker.loader.fastpath import rowmajor
+@pytest.mark.parametrize("transpose", ["kernel", "numpy"])  # compiled, or while it compiles
+def test_plain_records_are_the_kernels_records(rows: int, transpose: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from stoker.loader.fastpath import rowmajor, warm
     from stoker.loader.fastpath.plan import ShardData
 
+    from stoker.loader.read.indexed import row_groups
     from stoker.loader.read.indexed.row_groups import plain_records
 
+    calls: list[int] = []
+    kernel = row_groups._transpose
+    monkeypatch.setattr(row_groups, "_transpose", lambda *a: calls.append(1) or kernel(*a))
+    monkeypatch.setattr(warm, "usable", lambda fn: transpose == "kernel")
     layout, batch = _layout_and_batch("plain", rows)
     assert {f.name for f in layout.fields} == {"features", "categoricals", "seq", "label"}
     got = plain_records(batch, layout)
     assert got is not None
+    assert len(calls) == (transpose == "kernel")
     want = rowmajor.build(layout, ShardData([batch], None, batch.schema.names))
     for f in layout.fields:  # the bytes of every field (padding between them is never read)
         np.testing.assert_array_equal(got[:, f.offset:f.offset + f.nbytes],
