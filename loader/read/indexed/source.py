@@ -225,17 +225,19 @@ class IndexSource(ArrowSource):
         plan = FastPlan(self._schema, self.columns, self.features, self.categoricals)
         if not all_records(plan):
             return False
+        # staged, a group's read checks the next group of its file, which its cursor reads
+        # after ~rows-per-group / K rounds: its bytes wait that long, one group per cursor,
+        # within the decoded groups' budget (20 M W1 rows in a 6 GiB cgroup, a node's first
+        # run, 12 cursors: 0.85-0.95 M rows/s keeping 4, 1.02-1.07 M keeping 16: the others
+        # were read again)
+        kept = max(_SPANS, -(-options.partitions // world_size) + 2) if options.shuffle \
+            else _SPANS
+        if kept != self._spans_kept:
+            self._spans_kept, self._span_buffers = kept, BufferRing(kept + 2)
         if not options.shuffle:
             self._natural = NaturalGroups(plan, self._verified_group, self._cache_bytes,
                                           self._group_records())
             return False
-        # a group's read checks the next group of its file, which its cursor reads after
-        # ~rows-per-group / K rounds: its bytes wait that long, one group per cursor, within
-        # the decoded groups' budget (20 M W1 rows in a 6 GiB cgroup, a node's first run, 12
-        # cursors: 0.85-0.95 M rows/s keeping 4, 1.02-1.07 M keeping 16: the others were
-        # read again)
-        self._spans_kept = max(_SPANS, -(-options.partitions // world_size) + 2)
-        self._span_buffers = BufferRing(self._spans_kept + 2)
         groups = RowGroups(self._verified_group,
                            lambda f: np.asarray(self.manifest.shards[f].batch_rows),
                            plan.kernel_columns, lambda b: self._stager.opened(b),  # type: ignore[union-attr]
