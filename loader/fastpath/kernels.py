@@ -30,8 +30,8 @@ from stoker.loader.jit.kernel import kernel
 from stoker.loader.jit.search import last_at_or_below
 
 __all__ = ["BOOL", "CODES", "F32", "F64", "I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64",
-           "arena_views", "columns_to_records", "copy_fixed", "copy_list_ranges", "copy_ranges", "gather_binary",
-           "gather_fixed", "gather_list", "var_lengths"]
+           "arena_views", "columns_to_records", "copy_fixed", "copy_list_ranges",
+           "copy_ranges", "gather_binary", "gather_fixed", "gather_list", "var_lengths"]
 
 # Physical type codes of fixed-width Arrow buffers (index into the ``views`` tuple, except BOOL,
 # which is bit-packed and read through the uint8 view).

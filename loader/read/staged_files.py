@@ -93,7 +93,7 @@ def note_written(path: str) -> None:
 
 
 def _note(path: str, suffix: str) -> None:
-    tmp = f"{path}{_NOTE}.{os.getpid()}.tmp"
+    tmp = f"{path}{_NOTE}.{os.getpid()}.{threading.get_ident()}.tmp"  # one per writer
     try:
         line = _line(os.stat(path)) + suffix
         with open(tmp, "w", encoding="ascii") as f:

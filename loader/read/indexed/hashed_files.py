@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -74,7 +75,7 @@ class HashedFiles:
                 return
             os.makedirs(self.root, exist_ok=True)
             note = self._path(path, digest)
-            tmp = f"{note}.{os.getpid()}.tmp"
+            tmp = f"{note}.{os.getpid()}.{threading.get_ident()}.tmp"  # one per writer
             Path(tmp).write_text(_line(before))
             os.replace(tmp, note)
         except OSError as exc:
