@@ -53,15 +53,21 @@ def all_records(plan: FastPlan) -> bool:
 
 def plain_records(batch: pa.RecordBatch, layout: RecordLayout,
                   slot: Slot | None = None) -> np.ndarray | None:
-    """``batch``'s rows as records of ``layout`` (``uint8 [rows, stride]``), transposed by
-    NumPy one column at a time, when every field's columns are plain: no nulls, values of the
-    field's dtype as they are (no cast, no dictionary, no bit-packed bools), lists all of the
-    field's width. ``None`` otherwise, and the kernels build them (nulls -> 0 and the other
-    rules of stoker.loader.fastpath.kernels); where both apply the bytes are the same
+    """``batch``'s rows as records of ``layout`` (``uint8 [rows, stride]``) when every
+    field's columns are plain: no nulls, values of the field's dtype as they are (no cast,
+    no dictionary, no bit-packed bools), lists all of the field's width. ``None`` otherwise,
+    and the kernels build them (nulls -> 0 and the other rules of
+    stoker.loader.fastpath.kernels); where both apply the bytes are the same
     (tests/index/test_row_groups.py). Bytes between fields stay unwritten (a saved file holds
-    whatever they held): no output reads them. ``slot``: the ring slot whose buffer they are written into (a dropped group's:
-    fresh memory faults in page by page, ~60 ms for a 65,536-row W1 group on this VM against
-    ~12 ms to write reused memory).
+    whatever they held): no output reads them. ``slot``: the ring slot whose buffer they are
+    written into (a dropped group's: fresh memory faults in page by page, ~60 ms for a
+    65,536-row W1 group on this VM against ~12 ms to write reused memory).
+
+    One call of a nogil kernel writes them
+    (:func:`~stoker.loader.fastpath.kernels.columns_to_records`) once it is compiled; until
+    then (a fresh node) NumPy does, a column of a tile of rows per call, as follows (same
+    bytes: the tests run both). The kernel takes the GIL once per group where NumPy took it
+    per call (~300 k calls per 20 M W1 rows), each time waiting behind the training loop.
 
     A decoded group was packed into one arena for the kernels and each round transposed its
     runs column by column; 5 M W1 rows: 0.4 s packing and 0.9 s of column copies an epoch.

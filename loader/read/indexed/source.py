@@ -384,7 +384,6 @@ class IndexSource(ArrowSource):
         hive = [(f, v) for f, v in zip(fields[cut:], values) if f.name in wanted]
         with self._verify_lock:
             footer = self._footers.get(index)
-        with self._verify_lock:
             span = self._spans.pop((index, group), None)
         source: Any = self._path(index)
         if span is not None:  # the bytes the check read: decoded without reading them again
