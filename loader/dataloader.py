@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data.dataloader import _InfiniteConstantSampler
 
 from stoker.loader.distributed import resolve_world
+from stoker.loader.errors import OptionsError
 from stoker.loader.epoch_iter import (BatchTask, CacheEvents, EpochIterator, EpochPass, EpochRun,
                                      cache_clock)
 from stoker.loader.fallbacks import FallbackAccount
@@ -56,6 +57,20 @@ _GROUP_MAX = 8  # batches in one worker task at most (see DataLoader._group)
 
 T_co = TypeVar("T_co", covariant=True)
 
+
+def _check_forked(context: Any) -> None:
+    """Process workers over a stoker dataset are forked: each inherits the open source (its
+    mapped shards, buffers, record tables, threads), which cannot be pickled to a spawned
+    worker. Refused here, by name, rather than as a pickling ``TypeError`` at the first
+    batch."""
+    method = None if context is None else context.get_start_method()
+    if method not in (None, "fork"):
+        raise OptionsError(
+            f"multiprocessing_context={method!r}: process workers over a stoker dataset are "
+            "forked (they inherit its open shards and buffers, which cannot be sent to a "
+            f"{method!r} worker); leave multiprocessing_context unset or 'fork', or use "
+            "WorkerOptions(mode='thread') (the default for stoker datasets) or num_workers=0. "
+            "A torch Dataset runs in spawned workers as with torch.")
 
 class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
     """Iterable over batches, accepting ``torch.utils.data.DataLoader``'s arguments.
@@ -144,6 +159,8 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         self.sample_seeding = opts.workers.sample_seeding
         self.worker_mode = opts.workers.mode or (
             "thread" if is_stoker_dataset(dataset) else "process")
+        if num_workers and self.worker_mode == "process" and is_stoker_dataset(dataset):
+            _check_forked(self.multiprocessing_context)
         self._world_arg = (rank, world_size)
         self._world: tuple[int, int] | None = None
         # the fast path writes batches straight into page-locked buffers when they will be

@@ -204,3 +204,24 @@ def test_shuffle_options_with_an_iterable_dataset_are_refused_as_torch_refuses_s
 
     with pytest.raises(ValueError, match="expected unspecified shuffle option"):
         DataLoader(Stream(), shuffle=ShuffleOptions())
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_process_workers_over_a_stoker_dataset_refuse_a_context_that_does_not_fork(
+        dataset: Path, context: str) -> None:
+    """They inherit the open source, which a spawned worker cannot be sent: refused at
+    construction, by name (it was a pickling TypeError at the first batch)."""
+    import multiprocessing
+
+    for ctx in (context, multiprocessing.get_context(context)):
+        with pytest.raises(OptionsError, match=rf"multiprocessing_context='{context}': process "
+                           r"workers over a stoker dataset are forked .* WorkerOptions\("
+                           r"mode='thread'\)"):
+            DataLoader(str(dataset), batch_size=8, num_workers=2, multiprocessing_context=ctx,
+                       workers=WorkerOptions(mode="process"))
+    for ok in (dict(multiprocessing_context="fork"), dict(workers=WorkerOptions(mode="thread"))):
+        kw: dict[str, Any] = {"multiprocessing_context": context,
+                              "workers": WorkerOptions(mode="process"), **ok}
+        loader = DataLoader(str(dataset), batch_size=8, num_workers=2, **kw)
+        assert len(list(loader)) == len(loader)
+        loader.close()

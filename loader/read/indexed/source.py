@@ -54,11 +54,13 @@ class IndexSource(ArrowSource):
     """Batches of an index dataset (see module docstring); arguments as :class:`ArrowSource`.
 
     Args:
-        cache_bytes: Arrow bytes of decoded Parquet row groups kept for reuse.
+        cache_bytes: Arrow bytes of decoded Parquet row groups kept for reuse; while row
+            groups are checked (a node's first run), at most as many bytes again of their
+            file bytes, read by a check ahead of their decode.
         verify: ``"hash"`` (default): size and xxh3-128 of each file before its first read,
             or, for Parquet indexed with row-group digests, of its footer then and of each
-            row group before its first decode (the bytes the decode reads next, from the page
-            cache); not again in a later process while the file's ``stat`` is unchanged
+            row group before its first decode (the very bytes the decode then reads:
+            stoker.loader.read.indexed.span_file); not again in a later process while the file's ``stat`` is unchanged
             since this node checked it (stoker.loader.read.indexed.hashed_files);
             ``"size"``: size only, for very large files on slow storage
             (a same-size edit then goes unnoticed; ``stoker verify`` still checks hashes).
