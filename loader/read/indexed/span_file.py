@@ -50,7 +50,6 @@ class SpanFile(io.RawIOBase):
         self._path, self._size, self._start = path, size, start
         self._span = memoryview(span)
         self._pos = 0
-        self._fd: int | None = None
 
     def readable(self) -> bool:
         return True
@@ -76,14 +75,10 @@ class SpanFile(io.RawIOBase):
         if 0 <= lo and lo + n <= len(self._span):
             self._pos += n
             return self._span[lo:lo + n]
-        if self._fd is None:
-            self._fd = os.open(self._path, os.O_RDONLY)
-        data = os.pread(self._fd, n, self._pos)
+        fd = os.open(self._path, os.O_RDONLY)  # rare (the footer comes parsed): no fd kept
+        try:
+            data = os.pread(fd, n, self._pos)
+        finally:
+            os.close(fd)
         self._pos += len(data)
         return data
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        super().close()
