@@ -72,6 +72,7 @@ def _check_forked(context: Any) -> None:
             "WorkerOptions(mode='thread') (the default for stoker datasets) or num_workers=0. "
             "A torch Dataset runs in spawned workers as with torch.")
 
+
 class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
     """Iterable over batches, accepting ``torch.utils.data.DataLoader``'s arguments.
 

@@ -45,8 +45,8 @@ from stoker.loader.order.feistel import order_range
 from stoker.loader.order.mixture_kernel import pick_spans, place, source_of
 from stoker.loader.order.options import OrderOptions
 
-__all__ = ["after_first_batch", "plan_key", "prime", "prime_mixture", "ready", "served", "start",
-           "usable"]
+__all__ = ["after_first_batch", "plan_key", "prime", "prime_columns_to_records", "prime_mixture",
+           "ready", "served", "start", "usable"]
 
 _served = threading.Event()  # a first batch was delivered in this process (see served)
 _HOLD_S = 1.0  # longest a warm-up waits for that first batch before it compiles anyway
@@ -66,6 +66,14 @@ def prime_mixture() -> None:
     warm-up thread, once per process: called when a mixture is opened, so its first batch
     does not compile or load them (~1 s on a node whose Numba cache is empty)."""
     warmup.spawn(("mixture",), _held, _mixture)
+
+
+def prime_columns_to_records() -> None:
+    """Load the kernel that makes indexed Parquet's plain row groups row-major
+    (:func:`~stoker.loader.fastpath.kernels.columns_to_records`) in a warm-up thread, once per
+    process: called by readers of indexed Parquet only (loading it from the cache takes
+    ~0.2 s of the warm-up thread, which every other loader would spend for nothing)."""
+    warmup.spawn(("columns_to_records",), _held, _columns_to_records)
 
 
 def plan_key(plan: FastPlan, row_major: bool) -> tuple[str, ...]:
@@ -89,7 +97,7 @@ def ready(key: tuple[str, ...], plan: FastPlan, schema: pa.Schema, row_major: bo
     ``STOKER_COLD_START=wait`` (batches compile what they need themselves)."""
     if warmup.finished(key):
         return True
-    if warmup.kernels_wait() or _warm_node(ask=False):
+    if _loadable():
         return True  # loading cached kernels (~0.3 s) beats the twins racing it for the GIL
     if not warmup.started(key):  # a forked or unpickled worker: its own warm-up
         start(plan, schema, row_major)
@@ -101,7 +109,13 @@ def usable(fn: Any) -> bool:
     it is compiled in this process, or the node compiled the kernels before (a call loads it
     from the cache), or ``STOKER_COLD_START=wait``. Otherwise its caller uses its NumPy form
     (same bytes) while a warm-up compiles it."""
-    return compiled(fn) or warmup.kernels_wait() or _warm_node(ask=False)
+    return compiled(fn) or _loadable()
+
+
+def _loadable() -> bool:
+    """Whether a batch's thread may call a kernel that is not compiled in this process: the
+    node compiled the kernels before (a call loads them), or ``STOKER_COLD_START=wait``."""
+    return warmup.kernels_wait() or _warm_node(ask=False)
 
 
 def served() -> None:
@@ -157,6 +171,14 @@ def _compiled_before() -> bool:
 def _expected() -> tuple[type[BaseException], ...]:
     """What warming a plan on a synthetic shard may raise: a lost head start, not a bug."""
     return (*warmup.compile_errors(), pa.ArrowException)
+
+
+def _columns_to_records() -> None:
+    none, one = np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    try:
+        kernels.columns_to_records(none, none, none, 0, 1, one.ctypes.data, 8)
+    except _expected() as exc:  # only a head start
+        note("warmup_skipped", f"columns_to_records: {type(exc).__name__}: {exc}")
 
 
 def _order() -> None:
@@ -217,8 +239,6 @@ def _run(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
             plan.run([(data, one, one, one)], 1, slot, lambda cols: {c: None for c in cols})
             if layout is not None:
                 rowmajor.build(layout, data, layout.misfits(batches))
-                none = np.zeros(0, dtype=np.int64)  # indexed Parquet's plain groups' records
-                kernels.columns_to_records(none, none, none, 0, 1, one.ctypes.data, 8)
         finally:
             ring.release(slot)
     except _expected() as exc:  # only a head start; the first batch loads them (or raises)

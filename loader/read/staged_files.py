@@ -53,7 +53,8 @@ from stoker.loader.jit import executors, fork_gate
 from stoker.loader.read.staging import StagedRecords
 from stoker.manifest import Manifest, ShardIntegrityError
 
-__all__ = ["FileRecords", "StagedFiles", "hashed_before", "note_hashed", "note_written"]
+__all__ = ["FileRecords", "StagedFiles", "hashed_before", "note_hashed", "note_written",
+           "write_note"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,13 +93,21 @@ def note_written(path: str) -> None:
         _note(path, f" {boot}")
 
 
+def write_note(note: str, text: str) -> None:
+    """Write ``text`` as file ``note`` atomically, through a temporary file of this thread
+    (one per process: two threads noting one file renamed each other's away).
+
+    Raises:
+        OSError: the directory is not writable."""
+    tmp = f"{note}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "w", encoding="ascii") as f:
+        f.write(text)
+    os.replace(tmp, note)
+
+
 def _note(path: str, suffix: str) -> None:
-    tmp = f"{path}{_NOTE}.{os.getpid()}.{threading.get_ident()}.tmp"  # one per writer
     try:
-        line = _line(os.stat(path)) + suffix
-        with open(tmp, "w", encoding="ascii") as f:
-            f.write(line)
-        os.replace(tmp, f"{path}{_NOTE}")
+        write_note(f"{path}{_NOTE}", _line(os.stat(path)) + suffix)
     except OSError as exc:
         logger.warning("a checked record file will be hashed again: cannot note %s (%s)",
                        path, exc)

@@ -192,3 +192,33 @@ def test_dropped_groups_records_are_written_again_only_once_no_round_reads_them(
     assert values(data) == {1000}  # never written again while read
     held.close()
     groups.close()
+
+
+def test_only_a_reader_of_indexed_parquet_loads_the_transpose_kernel(tmp_path: Any) -> None:
+    """Loading ``columns_to_records`` costs a warm-up thread ~0.2 s: a loader of stoker shards
+    never starts it, a loader of indexed Parquet does (fresh processes: warm-ups are once per
+    process)."""
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    from stoker.sharder import shard
+    from stoker.tools.cli import main
+
+    pq.write_table(pa.table({"x": np.arange(300, dtype=np.int64),
+                             "y": np.arange(300, dtype=np.float32)}),
+                   tmp_path / "a.parquet", row_group_size=100)
+    shard(str(tmp_path / "a.parquet"), str(tmp_path / "shards"), progress=False)
+    (tmp_path / "idx").mkdir()
+    pq.write_table(pq.read_table(tmp_path / "a.parquet"), tmp_path / "idx" / "a.parquet",
+                   row_group_size=100)
+    assert main(["index", str(tmp_path / "idx"), "--quiet"]) == 0
+    code = ("import sys; from stoker.loader import DataLoader; from stoker.loader.jit import "
+            "warmup; loader = DataLoader(sys.argv[1], batch_size=50, shuffle=True, "
+            "columns=['x', 'y']); next(iter(loader)); "
+            "print(warmup.started(('columns_to_records',)))")
+    started = [subprocess.run([sys.executable, "-c", code, str(tmp_path / d)], check=True,
+                              capture_output=True, text=True).stdout.split()[-1]
+               for d in ("shards", "idx")]
+    assert started == ["False", "True"]

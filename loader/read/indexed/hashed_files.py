@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from pathlib import Path
 
 import xxhash
+
+from stoker.loader.read.staged_files import write_note
 
 __all__ = ["HashedFiles"]
 
@@ -74,10 +75,7 @@ class HashedFiles:
                     time.time_ns() - before.st_ctime_ns <= _SETTLED_NS:
                 return
             os.makedirs(self.root, exist_ok=True)
-            note = self._path(path, digest)
-            tmp = f"{note}.{os.getpid()}.{threading.get_ident()}.tmp"  # one per writer
-            Path(tmp).write_text(_line(before))
-            os.replace(tmp, note)
+            write_note(self._path(path, digest), _line(before))
         except OSError as exc:
             if not self._warned:
                 self._warned = True

@@ -24,6 +24,7 @@ import xxhash
 from stoker.loader.read.arrow import ArrowSource, Digest
 from stoker.loader.fallbacks import note
 from stoker.loader.jit.ahead import Ahead
+from stoker.loader.fastpath import warm
 from stoker.loader.fastpath.advise import shards_fit_memory
 from stoker.loader.fastpath.plan import FastPlan
 from stoker.loader.fastpath.ring import BufferRing
@@ -227,6 +228,7 @@ class IndexSource(ArrowSource):
         plan = FastPlan(self._schema, self.columns, self.features, self.categoricals)
         if not all_records(plan):
             return False
+        warm.prime_columns_to_records()  # plain row groups are made row-major by it
         # staged, a group's read checks the next group of its file, which its cursor reads
         # after ~rows-per-group / K rounds: its bytes wait that long, one group per cursor,
         # within the decoded groups' budget (20 M W1 rows in a 6 GiB cgroup, a node's first
