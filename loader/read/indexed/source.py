@@ -61,8 +61,9 @@ class IndexSource(ArrowSource):
         verify: ``"hash"`` (default): size and xxh3-128 of each file before its first read,
             or, for Parquet indexed with row-group digests, of its footer then and of each
             row group before its first decode (the very bytes the decode then reads:
-            stoker.loader.read.indexed.span_file); not again in a later process while the file's ``stat`` is unchanged
-            since this node checked it (stoker.loader.read.indexed.hashed_files);
+            stoker.loader.read.indexed.span_file); not again in a later process while the
+            file's ``stat`` is unchanged since this node checked it
+            (stoker.loader.read.indexed.hashed_files);
             ``"size"``: size only, for very large files on slow storage
             (a same-size edit then goes unnoticed; ``stoker verify`` still checks hashes).
     """
