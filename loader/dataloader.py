@@ -176,8 +176,10 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
             ring_depth=max(8, num_workers * self._prefetch + 3),
             sample_seeding=self.sample_seeding, service=self._service))
         self._source, self._cache, self.location = opened.source, opened.cache, opened.location
-        if not getattr(self._source, "numba_free", False):
-            warm.prime()  # Numba's start-up runs while the caller builds its model
+        if opts.shuffle and not getattr(self._source, "numba_free", False):
+            # Numba's start-up runs while the caller builds its model; natural order needs no
+            # order kernel (O[k] = k), and a source whose batches use kernels warms its own
+            warm.prime()
         self._order_plan = opened.plan  # stoker datasets: order options + working set
         self._collate, self.collate_fn = opened.collate, opened.collate_fn
         self._mode = "iterable" if self._source.kind == "iterable" else "sampler" \

@@ -194,10 +194,13 @@ def test_dropped_groups_records_are_written_again_only_once_no_round_reads_them(
     groups.close()
 
 
-def test_only_a_reader_of_indexed_parquet_loads_the_transpose_kernel(tmp_path: Any) -> None:
-    """Loading ``columns_to_records`` costs a warm-up thread ~0.2 s: a loader of stoker shards
-    never starts it, a loader of indexed Parquet does (fresh processes: warm-ups are once per
-    process)."""
+def test_only_a_reader_of_indexed_parquet_loads_its_kernels(tmp_path: Any) -> None:
+    """Loading ``columns_to_records`` and ``copy_fields`` costs a warm-up thread ~0.2 s: a
+    loader of stoker shards never starts it, a shuffled loader of indexed Parquet does; a
+    natural-order one of a small dataset loads no kernel at all, nor Numba (~0.4 s holding
+    the GIL while the first batches are read), on its first run as on a later one. Fresh
+    processes (warm-ups are once per process) on a node whose kernels are compiled."""
+    import os
     import subprocess
     import sys
 
@@ -214,11 +217,21 @@ def test_only_a_reader_of_indexed_parquet_loads_the_transpose_kernel(tmp_path: A
     pq.write_table(pq.read_table(tmp_path / "a.parquet"), tmp_path / "idx" / "a.parquet",
                    row_group_size=100)
     assert main(["index", str(tmp_path / "idx"), "--quiet"]) == 0
-    code = ("import sys; from stoker.loader import DataLoader; from stoker.loader.jit import "
-            "warmup; loader = DataLoader(sys.argv[1], batch_size=50, shuffle=True, "
-            "columns=['x', 'y']); next(iter(loader)); "
-            "print(warmup.started(('columns_to_records',)))")
-    started = [subprocess.run([sys.executable, "-c", code, str(tmp_path / d)], check=True,
-                              capture_output=True, text=True).stdout.split()[-1]
-               for d in ("shards", "idx")]
-    assert started == ["False", "True"]
+    code = ("import sys; from stoker.loader import DataLoader, ReadOptions; "
+            "from stoker.loader.jit import warmup; loader = DataLoader(sys.argv[1], "
+            "batch_size=50, shuffle=sys.argv[2] == 'on', columns=['x', 'y'], "
+            "read=ReadOptions(records_dir=sys.argv[3])); n = sum(1 for _ in loader); "
+            "nat = getattr(loader._source, '_natural', None); "
+            "print(n, nat and nat.stored.mapped, warmup.started(('indexed',)), "
+            "'numba' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "STOKER_COLD_START"}
+
+    def run(data: str, shuffle: str) -> list[str]:
+        return subprocess.run([sys.executable, "-c", code, str(tmp_path / data), shuffle,
+                               str(tmp_path / "records")], check=True, capture_output=True,
+                              text=True, env=env).stdout.split()[-4:]
+
+    assert run("idx", "off") == ["6", "0", "False", "False"]  # a first run: groups decoded
+    assert run("idx", "off") == ["6", "2", "False", "False"]  # a later one: read from the node
+    assert run("shards", "on") == ["6", "None", "False", "True"]
+    assert run("idx", "on") == ["6", "None", "True", "True"]

@@ -229,7 +229,8 @@ class IndexSource(ArrowSource):
         plan = FastPlan(self._schema, self.columns, self.features, self.categoricals)
         if not all_records(plan):
             return False
-        warm.prime_columns_to_records()  # plain row groups are made row-major by it
+        if options.shuffle:  # natural order loads them once it decodes (NaturalGroups)
+            warm.prime_indexed()
         # staged, a group's read checks the next group of its file, which its cursor reads
         # after ~rows-per-group / K rounds: its bytes wait that long, one group per cursor,
         # within the decoded groups' budget (20 M W1 rows in a 6 GiB cgroup, a node's first
@@ -241,7 +242,8 @@ class IndexSource(ArrowSource):
             self._spans_kept, self._span_buffers = kept, BufferRing(kept + 2)
         if not options.shuffle:
             self._natural = NaturalGroups(plan, self._verified_group, self._cache_bytes,
-                                          self._group_records())
+                                          self._group_records(),
+                                          int(self.shard_rows.sum()) // world_size)
             return False
         groups = RowGroups(self._verified_group,
                            lambda f: np.asarray(self.manifest.shards[f].batch_rows),
