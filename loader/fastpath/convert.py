@@ -16,10 +16,18 @@ from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
 __all__ = ["stack_features", "table_to_batch"]
+
+
+def _compute() -> Any:
+    """``pyarrow.compute``, imported at its first use: importing it takes ~0.1 s (it writes
+    the docstrings of every compute function), which a process whose columns have no nulls
+    and no lists of differing lengths never needs."""
+    import pyarrow.compute as pc
+
+    return pc
 
 
 def _numeric(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -31,7 +39,7 @@ def _numeric(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
     if pa.types.is_temporal(t):  # raw value in the column's unit (date32 is days, 32-bit)
         arr = arr.view(pa.int32() if t.bit_width == 32 else pa.int64()).cast(pa.int64())
     if arr.null_count:
-        arr = pc.fill_null(arr, False if pa.types.is_boolean(t) else 0)
+        arr = _compute().fill_null(arr, False if pa.types.is_boolean(t) else 0)
     # writable=True: torch refuses to wrap read-only (Arrow-owned) memory without a warning
     return np.ascontiguousarray(arr.to_numpy(zero_copy_only=False, writable=True))
 
@@ -44,13 +52,13 @@ def _is_numeric(t: pa.DataType) -> bool:
 def _list_column(name: str, arr: pa.ChunkedArray, out: dict[str, Any]) -> None:
     arr = arr.combine_chunks()
     if arr.null_count:
-        arr = pc.fill_null(arr, pa.scalar([], type=arr.type))
+        arr = _compute().fill_null(arr, pa.scalar([], type=arr.type))
     if pa.types.is_fixed_size_list(arr.type):
         width = arr.type.list_size
         values = _numeric(arr.flatten())
         out[name] = torch.from_numpy(values.reshape(len(arr), width))
         return
-    lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
+    lengths = _compute().list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
     values = _numeric(arr.flatten())
     width = int(lengths.max()) if len(lengths) else 0
     if len(lengths) and (lengths == width).all():

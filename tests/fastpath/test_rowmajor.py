@@ -313,3 +313,30 @@ def test_a_closed_shard_is_freed_without_the_garbage_collector(dataset: Manifest
         assert [r() for r in refs] == [None] * len(refs)
     finally:
         gc.enable()
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=6), min_size=1,
+                        max_size=5),
+       same=st.booleans(), kind=st.sampled_from(["list", "large_list", "fixed"]),
+       skip=st.integers(0, 2), null=st.booleans())
+def test_list_width_is_what_pyarrow_compute_says(lengths: list[list[int]], same: bool,
+                                                 kind: str, skip: int, null: bool) -> None:
+    """A list column's common width over a shard's batches, read from their offsets (no
+    ``pyarrow.compute``), against pyarrow's own lengths: batches of any sizes (empty too),
+    sliced arrays (offsets not from 0), one length in a batch that differs, a null list."""
+    width = 2
+    batches = []
+    for lens in lengths:
+        lens = [width] * len(lens) if same or kind == "fixed" else lens
+        rows = [[1.0] * n for n in [width] * skip + lens]
+        if null and rows:
+            rows[-1] = None
+        typ = {"list": pa.list_(pa.float32()), "large_list": pa.large_list(pa.float32()),
+               "fixed": pa.list_(pa.float32(), width)}[kind]
+        batches.append(pa.record_batch({"s": pa.array(rows, typ).slice(skip)}))
+    column = pa.chunked_array([b.column("s") for b in batches])
+    bounds = pa.compute.min_max(pa.compute.list_value_length(column)).as_py()
+    want = 0 if column.null_count or bounds["min"] is None or bounds["min"] != bounds["max"] \
+        else bounds["min"]
+    assert rowmajor._list_width(batches, "s") == want

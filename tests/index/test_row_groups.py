@@ -198,8 +198,9 @@ def test_only_a_reader_of_indexed_parquet_loads_its_kernels(tmp_path: Any) -> No
     """Loading ``columns_to_records`` and ``copy_fields`` costs a warm-up thread ~0.2 s: a
     loader of stoker shards never starts it, a shuffled loader of indexed Parquet does; a
     natural-order one of a small dataset loads no kernel at all, nor Numba (~0.4 s holding
-    the GIL while the first batches are read), on its first run as on a later one. Fresh
-    processes (warm-ups are once per process) on a node whose kernels are compiled."""
+    the GIL while the first batches are read), on its first run as on a later one; none
+    imports pyarrow.compute. Fresh processes (warm-ups are once per process) on a node whose
+    kernels are compiled."""
     import os
     import subprocess
     import sys
@@ -210,7 +211,9 @@ def test_only_a_reader_of_indexed_parquet_loads_its_kernels(tmp_path: Any) -> No
     from stoker.tools.cli import main
 
     pq.write_table(pa.table({"x": np.arange(300, dtype=np.int64),
-                             "y": np.arange(300, dtype=np.float32)}),
+                             "y": np.arange(300, dtype=np.float32),
+                             "z": pa.array([[float(i)] * 2 for i in range(300)],
+                                           pa.list_(pa.float32()))}),
                    tmp_path / "a.parquet", row_group_size=100)
     shard(str(tmp_path / "a.parquet"), str(tmp_path / "shards"), progress=False)
     (tmp_path / "idx").mkdir()
@@ -219,19 +222,20 @@ def test_only_a_reader_of_indexed_parquet_loads_its_kernels(tmp_path: Any) -> No
     assert main(["index", str(tmp_path / "idx"), "--quiet"]) == 0
     code = ("import sys; from stoker.loader import DataLoader, ReadOptions; "
             "from stoker.loader.jit import warmup; loader = DataLoader(sys.argv[1], "
-            "batch_size=50, shuffle=sys.argv[2] == 'on', columns=['x', 'y'], "
+            "batch_size=50, shuffle=sys.argv[2] == 'on', columns=['x', 'y', 'z'], "
             "read=ReadOptions(records_dir=sys.argv[3])); n = sum(1 for _ in loader); "
             "nat = getattr(loader._source, '_natural', None); "
             "print(n, nat and nat.stored.mapped, warmup.started(('indexed',)), "
-            "'numba' in sys.modules)")
+            "'numba' in sys.modules, 'pyarrow.compute' in sys.modules)")
     env = {k: v for k, v in os.environ.items() if k != "STOKER_COLD_START"}
 
     def run(data: str, shuffle: str) -> list[str]:
         return subprocess.run([sys.executable, "-c", code, str(tmp_path / data), shuffle,
                                str(tmp_path / "records")], check=True, capture_output=True,
-                              text=True, env=env).stdout.split()[-4:]
+                              text=True, env=env).stdout.split()[-5:]
 
-    assert run("idx", "off") == ["6", "0", "False", "False"]  # a first run: groups decoded
-    assert run("idx", "off") == ["6", "2", "False", "False"]  # a later one: read from the node
-    assert run("shards", "on") == ["6", "None", "False", "True"]
-    assert run("idx", "on") == ["6", "None", "True", "True"]
+    # (batches, groups read from the node, indexed kernels warmed, Numba, pyarrow.compute)
+    assert run("idx", "off") == ["6", "0", "False", "False", "False"]  # a first run: decoded
+    assert run("idx", "off") == ["6", "2", "False", "False", "False"]  # a later one
+    assert run("shards", "on") == ["6", "None", "False", "True", "False"]
+    assert run("idx", "on") == ["6", "None", "True", "True", "False"]
