@@ -218,8 +218,8 @@ def copy_fields(src, stride, rows, offsets, sizes, out_addrs, out_strides, out_r
     bytes each from address ``src``) -> rows ``out_row ..`` of output ``f`` (at address
     ``out_addrs[f]``, ``out_strides[f]`` bytes a row): a natural-order batch cut out of a row
     group's records (stoker.loader.read.indexed.natural). It holds the GIL: the copy takes
-    ~40 us a W1 batch, and NumPy's four copies gave the GIL up each and waited to take it back
-    behind the threads loading the next groups, ~0.3 ms a batch."""
+    ~35 us a W1 batch, and each of NumPy's four copies gave the GIL up and waited to take it
+    back (with Numba loading beside them, every such call over 1 ms was one of those)."""
     for i in range(rows):
         p = pointer(src + i * stride)
         for f in range(offsets.shape[0]):

@@ -17,8 +17,8 @@ a later run decodes only the group that fixes the record layout.
 
 Such a run needs no Numba kernel: nothing is decoded but that one group, the order is
 ``O[k] = k``, and a batch is one NumPy copy per output. So it never imports Numba, whose
-start-up held the GIL ~0.4 s beside the first batches (2 M W1 rows, later runs: 1.32-1.45
--> 1.97-2.17 M rows/s); only a run that decodes a large dataset loads the kernels
+start-up held the GIL ~0.4 s beside the first batches (2 M W1 rows, later runs: 1.79-2.28
+-> 2.34-2.66 M rows/s); only a run that decodes a large dataset loads the kernels
 (:data:`_KERNEL_ROWS`).
 """
 
