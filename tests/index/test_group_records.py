@@ -136,6 +136,27 @@ def test_natural_order_reads_the_stored_groups_shuffled_runs_share(indexed: Path
     assert len(list(where.glob("*.rec"))) == groups
 
 
+def test_natural_order_opens_each_stored_group_once_whatever_the_budget(
+        indexed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, memory: str) -> None:
+    """Past its byte budget a natural-order reader drops the groups behind the one batches
+    read, never that one nor those loaded ahead of it: plain LRU dropped the group being read
+    when a group loaded ahead went over, and it was opened (hashed, checked) again."""
+    want = _epoch(_natural(indexed, False))
+    where = tmp_path / "records"
+    _epoch(_natural(indexed, where))
+    real = natural.NaturalGroups.__init__
+
+    def tiny(self: Any, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, **kwargs)
+        self._budget = 1  # below one group's records
+
+    monkeypatch.setattr(natural.NaturalGroups, "__init__", tiny)
+    later = _natural(indexed, where)
+    assert _epoch(later) == want
+    assert later._source._natural.stored.mapped == 7 - 1  # each once; one group decoded
+    assert len(later._source._natural._kept) <= 1 + natural._AHEAD
+
+
 def test_natural_order_never_serves_stored_records_that_differ(
         indexed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(group_records, "CHECKED_COLUMNS", 100)  # every column
