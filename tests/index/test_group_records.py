@@ -155,6 +155,8 @@ def test_natural_order_opens_each_stored_group_once_whatever_the_budget(
     assert _epoch(later) == want
     assert later._source._natural.stored.mapped == 7 - 1  # each once; one group decoded
     assert len(later._source._natural._kept) <= 1 + natural._AHEAD
+    assert _epoch(later) == want  # the next epoch starts behind the last group read
+    assert later._source._natural.stored.mapped <= 2 * 7 - 1  # once each again, at most
 
 
 def test_natural_order_never_serves_stored_records_that_differ(

@@ -112,7 +112,7 @@ class NaturalGroups:
         self.layout: RecordLayout | None = None
         self._whole = False  # whether the layout holds every output of the plan
         self._starts: dict[int, np.ndarray] = {}  # each file's row-group starts
-        self._at = (-1, -1)  # the furthest group a batch has read: those before it go first
+        self._at = (-1, -1)  # the group the latest batch read: those before it go first
         self.decoded = 0  # row groups decoded (statistics)
 
     def gather(self, file: int, group_rows: Sequence[int], row: int, n: int,
@@ -148,8 +148,8 @@ class NaturalGroups:
 
     def _records(self, file: int, group: int) -> np.ndarray | None:
         self._ahead.wait((file, group))  # decoding ahead: its error is this read's
-        with self._lock:
-            self._at = max(self._at, (file, group))
+        with self._lock:  # the latest, not the furthest: the next epoch starts at group 0
+            self._at = (file, group)
         return self._load((file, group))
 
     def _load(self, key: tuple[int, int]) -> np.ndarray | None:
@@ -169,7 +169,7 @@ class NaturalGroups:
         return records
 
     def _drop(self, key: tuple[int, int]) -> None:
-        """Under the lock: past the budget, drop the kept groups behind the furthest group a
+        """Under the lock: past the budget, drop the kept groups behind the one the latest
         batch read (least recently used first); past :data:`_KEPT` groups, the others too,
         never that group nor ``key`` (just loaded). The group batches read and the
         :data:`_AHEAD` loaded after it stay whatever the budget (sized from the Parquet
