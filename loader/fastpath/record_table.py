@@ -18,14 +18,14 @@ import numpy as np
 
 from stoker.loader.jit import warmup
 from stoker.loader.jit.intrinsics import pointer, prefetch
-from stoker.loader.jit.kernel import compiled, gil_kernel, kernel
+from stoker.loader.jit.kernel import compiled, kernel
 from stoker.loader.fastpath.rowmajor import Field, RecordLayout
 from stoker.loader.jit.search import bucket_index, find_run
 
 if TYPE_CHECKING:
     from stoker.loader.fastpath.ring import Slot
 
-__all__ = ["RecordTable", "copy_fields"]
+__all__ = ["RecordTable"]
 
 _AHEAD = 16  # rows prefetched ahead by the gather (0.09 ms per W1 batch; 4-32 all within 10 %)
 
@@ -210,20 +210,3 @@ class RecordTable:
             for f, out in zip(fields, outs):
                 out[rows] = picked[:, f.offset:f.offset + f.nbytes]
         return np.flatnonzero(~held), touched
-
-
-@gil_kernel
-def copy_fields(src, stride, rows, offsets, sizes, out_addrs, out_strides, out_row):  # type: ignore[no-untyped-def]
-    """Bytes ``offsets[f]:offsets[f] + sizes[f]`` of ``rows`` consecutive records (``stride``
-    bytes each from address ``src``) -> rows ``out_row ..`` of output ``f`` (at address
-    ``out_addrs[f]``, ``out_strides[f]`` bytes a row): a natural-order batch cut out of a row
-    group's records (stoker.loader.read.indexed.natural). It holds the GIL: the copy takes
-    ~35 us a W1 batch, and each of NumPy's four copies gave the GIL up and waited to take it
-    back (with Numba loading beside them, every such call over 1 ms was one of those)."""
-    for i in range(rows):
-        p = pointer(src + i * stride)
-        for f in range(offsets.shape[0]):
-            q = pointer(out_addrs[f] + (out_row + i) * out_strides[f])
-            off = offsets[f]
-            for b in range(sizes[f]):
-                q[b] = p[off + b]

@@ -35,7 +35,7 @@ from stoker.loader.fallbacks import note
 from stoker.loader.fastpath import kernels, rowmajor
 from stoker.loader.fastpath.images import ImageOptions, _unit, crop_box, resample
 from stoker.loader.fastpath.plan import FastPlan, ShardData
-from stoker.loader.fastpath.record_table import RecordTable, copy_fields
+from stoker.loader.fastpath.record_table import RecordTable
 from stoker.loader.fastpath.ring import BufferRing
 from stoker.loader.jit import fork_gate, warmup
 from stoker.loader.jit.kernel import compiled, made
@@ -45,7 +45,7 @@ from stoker.loader.order.feistel import order_range
 from stoker.loader.order.mixture_kernel import pick_spans, place, source_of
 from stoker.loader.order.options import OrderOptions
 
-__all__ = ["after_first_batch", "plan_key", "prime", "prime_indexed", "prime_mixture",
+__all__ = ["after_first_batch", "plan_key", "prime", "prime_columns_to_records", "prime_mixture",
            "ready", "served", "start", "usable"]
 
 _served = threading.Event()  # a first batch was delivered in this process (see served)
@@ -68,14 +68,12 @@ def prime_mixture() -> None:
     warmup.spawn(("mixture",), _held, _mixture)
 
 
-def prime_indexed() -> None:
-    """Load the kernels of indexed Parquet's plain row groups in a warm-up thread, once per
-    process: :func:`~stoker.loader.fastpath.kernels.columns_to_records` (makes a decoded
-    group row-major) and :func:`~stoker.loader.fastpath.record_table.copy_fields` (cuts a
-    natural-order batch out of it). Called by readers of indexed Parquet only (loading them
-    from the cache takes ~0.2 s of the warm-up thread, which every other loader would spend
-    for nothing)."""
-    warmup.spawn(("indexed",), _held, _indexed)
+def prime_columns_to_records() -> None:
+    """Load the kernel that makes indexed Parquet's plain row groups row-major
+    (:func:`~stoker.loader.fastpath.kernels.columns_to_records`) in a warm-up thread, once per
+    process: called by readers of indexed Parquet only (loading it from the cache takes
+    ~0.2 s of the warm-up thread, which every other loader would spend for nothing)."""
+    warmup.spawn(("columns_to_records",), _held, _columns_to_records)
 
 
 def plan_key(plan: FastPlan, row_major: bool) -> tuple[str, ...]:
@@ -175,13 +173,12 @@ def _expected() -> tuple[type[BaseException], ...]:
     return (*warmup.compile_errors(), pa.ArrowException)
 
 
-def _indexed() -> None:
+def _columns_to_records() -> None:
     none, one = np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
     try:
         kernels.columns_to_records(none, none, none, 0, 1, one.ctypes.data, 8)
-        copy_fields(one.ctypes.data, 8, 0, none, none, none, none, 0)
     except _expected() as exc:  # only a head start
-        note("warmup_skipped", f"indexed: {type(exc).__name__}: {exc}")
+        note("warmup_skipped", f"columns_to_records: {type(exc).__name__}: {exc}")
 
 
 def _order() -> None:

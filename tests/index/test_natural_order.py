@@ -40,13 +40,11 @@ def _same(a: list[dict], b: list[dict]) -> None:
             assert x[k].tobytes() == y[k].tobytes(), k
 
 
-@pytest.mark.parametrize("copy", ["kernel", "numpy"])  # loaded, or not (a later run's)
 @pytest.mark.parametrize("batch", [16, 40, 57])  # inside a group, a group, across groups and files
 def test_natural_order_batches_are_the_pyarrow_paths(indexed: Path, batch: int,  # noqa: F811
-                                                     copy: str,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    served, copies = [], []
-    real, kernel = natural.NaturalGroups.gather, natural.copy_fields
+    served = []
+    real = natural.NaturalGroups.gather
 
     def counted(self, *args, **kwargs):
         out = real(self, *args, **kwargs)
@@ -54,11 +52,8 @@ def test_natural_order_batches_are_the_pyarrow_paths(indexed: Path, batch: int, 
         return out
 
     monkeypatch.setattr(natural.NaturalGroups, "gather", counted)
-    monkeypatch.setattr(natural, "copy_fields", lambda *a: copies.append(1) or kernel(*a))
-    monkeypatch.setattr(natural.warm, "usable", lambda fn: copy == "kernel")
     got = _batches(indexed, batch=batch)
     assert sum(served) >= len(got) - 1  # all but a batch across the two files
-    assert (len(copies) >= sum(served)) if copy == "kernel" else not copies
     _same(got, _pyarrow(indexed, monkeypatch, batch=batch))
 
 

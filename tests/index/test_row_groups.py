@@ -194,13 +194,13 @@ def test_dropped_groups_records_are_written_again_only_once_no_round_reads_them(
     groups.close()
 
 
-def test_only_a_reader_of_indexed_parquet_loads_its_kernels(tmp_path: Any) -> None:
-    """Loading ``columns_to_records`` and ``copy_fields`` costs a warm-up thread ~0.2 s: a
-    loader of stoker shards never starts it, a shuffled loader of indexed Parquet does; a
-    natural-order one of a small dataset loads no kernel at all, nor Numba (~0.4 s holding
-    the GIL while the first batches are read), on its first run as on a later one; none
-    imports pyarrow.compute. Fresh processes (warm-ups are once per process) on a node whose
-    kernels are compiled."""
+def test_only_a_reader_of_indexed_parquet_loads_the_transpose_kernel(tmp_path: Any) -> None:
+    """Loading ``columns_to_records`` costs a warm-up thread ~0.2 s: a loader of stoker
+    shards never starts it, a shuffled loader of indexed Parquet does; a natural-order one
+    of a small dataset loads no kernel at all, nor Numba (~0.4 s holding the GIL while the
+    first batches are read), on its first run as on a later one; none imports
+    pyarrow.compute. Fresh processes (warm-ups are once per process) on a node whose kernels
+    are compiled."""
     import os
     import subprocess
     import sys
@@ -225,7 +225,7 @@ def test_only_a_reader_of_indexed_parquet_loads_its_kernels(tmp_path: Any) -> No
             "batch_size=50, shuffle=sys.argv[2] == 'on', columns=['x', 'y', 'z'], "
             "read=ReadOptions(records_dir=sys.argv[3])); n = sum(1 for _ in loader); "
             "nat = getattr(loader._source, '_natural', None); "
-            "print(n, nat and nat.stored.mapped, warmup.started(('indexed',)), "
+            "print(n, nat and nat.stored.mapped, warmup.started(('columns_to_records',)), "
             "'numba' in sys.modules, 'pyarrow.compute' in sys.modules)")
     env = {k: v for k, v in os.environ.items() if k != "STOKER_COLD_START"}
 
@@ -234,7 +234,7 @@ def test_only_a_reader_of_indexed_parquet_loads_its_kernels(tmp_path: Any) -> No
                                str(tmp_path / "records")], check=True, capture_output=True,
                               text=True, env=env).stdout.split()[-5:]
 
-    # (batches, groups read from the node, indexed kernels warmed, Numba, pyarrow.compute)
+    # (batches, groups read from the node, transpose kernel warmed, Numba, pyarrow.compute)
     assert run("idx", "off") == ["6", "0", "False", "False", "False"]  # a first run: decoded
     assert run("idx", "off") == ["6", "2", "False", "False", "False"]  # a later one
     assert run("shards", "on") == ["6", "None", "False", "True", "False"]

@@ -18,8 +18,8 @@ a later run decodes only the group that fixes the record layout.
 Such a run needs no Numba kernel: nothing is decoded but that one group, the order is
 ``O[k] = k``, and a batch is one NumPy copy per output. So it never imports Numba, whose
 start-up held the GIL ~0.4 s beside the first batches (2 M W1 rows, later runs: 1.79-2.28
--> 2.34-2.66 M rows/s); only a run that decodes a large dataset loads the kernels
-(:data:`_KERNEL_ROWS`).
+-> 2.34-2.66 M rows/s); only a run that decodes a large dataset loads the transpose
+kernel (:data:`_KERNEL_ROWS`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import pyarrow as pa
 
 from stoker.loader.fastpath import warm
 from stoker.loader.fastpath.plan import FastPlan
-from stoker.loader.fastpath.record_table import copy_fields
 from stoker.loader.fastpath.ring import BufferRing, Slot
 from stoker.loader.fastpath.rowmajor import RecordLayout
 from stoker.loader.jit.ahead import Ahead
@@ -56,31 +55,12 @@ _KEPT = 4
 # columns read from the Parquet file) then overlaps the other's records read (20 M W1 rows
 # in a 6 GiB cgroup, later runs: 2.07-2.44 M rows/s with one, 2.67-2.85 M with two)
 _AHEAD = 2
-# rows an epoch must read before a run that decodes row groups loads the kernels
-# (columns_to_records, copy_fields; stoker.loader.fastpath.warm.prime_indexed): loading them
-# holds the GIL ~0.3 s, and the transpose saves ~5 ms a 65,536-row W1 group (a node's first
+# rows an epoch must read before a run that decodes row groups loads Numba and the kernel
+# that makes them row-major (stoker.loader.fastpath.warm.prime_columns_to_records): loading
+# them holds the GIL ~0.3 s, and the transpose saves ~5 ms a 65,536-row W1 group (a node's first
 # natural-order run of W1 rows: 2 M 1.01-1.08 M rows/s loading them against 1.18-1.31 M
 # not; 20 M in a 6 GiB cgroup 1.43-1.46 against 1.35)
 _KERNEL_ROWS = 4_000_000
-
-
-def _copy(records: np.ndarray, layout: RecordLayout, arrays: dict[str, np.ndarray],
-          row: int) -> None:
-    """Every field of ``records`` (consecutive rows) into rows ``row ..`` of ``arrays``: one
-    call of a kernel that keeps the GIL (:func:`~stoker.loader.fastpath.record_table.copy_fields`)
-    once it may run, else a NumPy copy per field (same bytes; each gives the GIL up and
-    waits to take it back)."""
-    n = len(records)
-    if not warm.usable(copy_fields):
-        for f in layout.fields:
-            arrays[f.name][row:row + n] = records[:, f.offset:f.offset + f.nbytes].view(f.dtype)
-        return
-    outs = [arrays[f.name] for f in layout.fields]
-    copy_fields(records.ctypes.data, layout.stride, n,
-                np.array([f.offset for f in layout.fields], dtype=np.int64),
-                np.array([f.nbytes for f in layout.fields], dtype=np.int64),
-                np.array([o.ctypes.data for o in outs], dtype=np.int64),
-                np.array([o.strides[0] for o in outs], dtype=np.int64), row)
 
 
 class NaturalGroups:
@@ -96,7 +76,7 @@ class NaturalGroups:
         stored: the node's stored records of row groups (``None``: kept nowhere): a group
             found there is read, not decoded; a decoded group's records are saved.
         rows: rows an epoch reads (this rank's): a run that decodes groups of at least
-            :data:`_KERNEL_ROWS` loads the kernels.
+            :data:`_KERNEL_ROWS` loads the transpose kernel.
     """
 
     def __init__(self, plan: FastPlan, read: Callable[[int, int], pa.Table],
@@ -139,7 +119,9 @@ class NaturalGroups:
                 arrays = {f.name: slot.array(f.name, (n, f.width), f.dtype)
                           for f in layout.fields}
             k = min(n - pos, size - lo)
-            _copy(records[lo:lo + k], layout, arrays, pos)
+            for f in layout.fields:
+                arrays[f.name][pos:pos + k] = \
+                    records[lo:lo + k, f.offset:f.offset + f.nbytes].view(f.dtype)
             pos += k
             group += 1
         for ahead in range(group, min(group + _AHEAD, len(group_rows))):
@@ -230,7 +212,7 @@ class NaturalGroups:
             layout = self.layout
             self.decoded += 1
             if self.decoded == 2 and self._rows >= _KERNEL_ROWS:  # a run that decodes
-                warm.prime_indexed()
+                warm.prime_columns_to_records()
         records = buffered_records(self._buffers, batches[0], layout) \
             if layout is not None and len(batches) == 1 else None
         if records is not None and self.stored is not None and self._whole:

@@ -229,8 +229,8 @@ class IndexSource(ArrowSource):
         plan = FastPlan(self._schema, self.columns, self.features, self.categoricals)
         if not all_records(plan):
             return False
-        if options.shuffle:  # natural order loads them once it decodes (NaturalGroups)
-            warm.prime_indexed()
+        if options.shuffle:  # natural order loads it once it decodes (NaturalGroups)
+            warm.prime_columns_to_records()
         # staged, a group's read checks the next group of its file, which its cursor reads
         # after ~rows-per-group / K rounds: its bytes wait that long, one group per cursor,
         # within the decoded groups' budget (20 M W1 rows in a 6 GiB cgroup, a node's first
