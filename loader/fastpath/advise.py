@@ -46,11 +46,13 @@ if TYPE_CHECKING:
     from stoker.loader.fastpath.plan import ShardData
     from stoker.loader.fastpath.rowmajor import Field
 
-__all__ = ["advise_list_offsets", "advise_open", "advise_random", "advise_runs", "libc_fn",
+__all__ = ["advise_list_offsets", "advise_open", "advise_random", "advise_runs", "advise_whole",
+           "libc_fn",
            "memory_limit",
            "page_ranges", "run_byte_ranges", "shards_fit_memory"]
 
 _PAGE = mmap.PAGESIZE
+_NORMAL = getattr(mmap, "MADV_NORMAL", 0)
 _RANDOM = getattr(mmap, "MADV_RANDOM", 1)
 _WILLNEED = getattr(mmap, "MADV_WILLNEED", 3)
 #: Value byte width of each physical type code (``BOOL`` is bit-packed: handled apart).
@@ -284,6 +286,19 @@ def advise_random(arena: object) -> bool:
                        else f"the shard's map starts at {base:#x}, not at a page boundary")
         return False
     return _call(fn, base, -(-size // _PAGE) * _PAGE, _RANDOM)
+
+
+def advise_whole(arena: object) -> bool:
+    """Undo :func:`advise_random` for the map ``arena`` and ask for all of it ahead
+    (``MADV_WILLNEED``): a shard opened advised whose columns are read after all (its records
+    were not stored) is then read as an open without advice reads it, the whole file in
+    sequence. Whether both were advised; a refusal is the fallback ``no_readahead``."""
+    fn = libc_fn("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    base, size = arena.address, arena.size  # type: ignore[attr-defined]
+    if fn is None or base % _PAGE:
+        return False
+    size = -(-size // _PAGE) * _PAGE
+    return _call(fn, base, size, _NORMAL) and _call(fn, base, size, _WILLNEED)
 
 
 def _cached(base: int, size: int, d: ShardData, fields: Sequence[Field],

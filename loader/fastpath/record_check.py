@@ -107,7 +107,12 @@ def first_mismatch(layout: RecordLayout, data: ShardData, records: np.ndarray,
         if f.name in skip:
             continue
         expected = np.zeros((len(rows), f.width), dtype=f.dtype)
-        if f.kind == "list":
+        if f.kind == "list":  # a value of another length (or null) is no record's field
+            lengths = np.empty(len(rows), dtype=np.int64)
+            kernels_np.var_lengths(data.views, data.meta[f.name], chunk, local, dest, lengths)
+            ragged = np.flatnonzero(lengths != f.width)
+            if len(ragged):
+                return Mismatch(int(rows[ragged[0]]), f.name)
             kernels_np.gather_list(data.views, data.meta[f.name], chunk, local, dest, expected)
         else:
             kernels_np.gather_fixed(data.views, data.matrix_meta_of(f.columns, touched), nth,

@@ -165,11 +165,11 @@ class RecordTable:
                     del self._readers[generation]
                 self._collect_locked()
 
-    def gather(self, ids: np.ndarray, starts: np.ndarray, slot: Slot,
-               kernel: bool = False) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-        """Fill the record-served outputs of the batch ``ids`` into ``slot`` (with NumPy while
-        the kernel is still being loaded by a warm-up thread on a process's first batch, unless
-        ``kernel``).
+    def gather(self, ids: np.ndarray, starts: np.ndarray, slot: Slot, kernel: bool = False,
+               numpy: bool = False) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """Fill the record-served outputs of the batch ``ids`` into ``slot``, with NumPy when
+        ``numpy`` (the caller's kernels are not ready) or while the kernel is still being
+        loaded by a warm-up thread on a process's first batch (unless ``kernel``).
 
         Returns ``(outputs, missing, touched)``: output name -> array (rows in ``missing``,
         batch positions whose shard has no records, are left for the column path) and the
@@ -181,7 +181,7 @@ class RecordTable:
                 return {}, np.arange(n, dtype=np.int64), np.empty(0, dtype=np.int64)
             arrays = {f.name: slot.array(f.name, (n, f.width), f.dtype) for f in fields}
             outs = [arrays[f.name].view(np.uint8) for f in fields]
-            if not kernel and warmup.first_call("gather") and not compiled(_gather):
+            if numpy or (not kernel and warmup.first_call("gather") and not compiled(_gather)):
                 missing_, touched_ = self._gather_numpy(ids, starts, fields, outs)
                 return arrays, missing_, touched_
             missing = np.empty(n, dtype=np.int64)

@@ -39,8 +39,10 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import pyarrow as pa
 
+from stoker.cache.store.derived import RECORD_SUFFIX
 from stoker.loader.fastpath import record_check, rowmajor, warm
-from stoker.loader.fastpath.advise import libc_fn
+from stoker.loader.fastpath.advise import (advise_list_offsets, advise_runs, advise_whole,
+                                           libc_fn)
 from stoker.loader.fallbacks import note
 from stoker.loader.jit import executors, fork_gate
 from stoker.loader.fastpath.record_store import RecordStore
@@ -92,42 +94,93 @@ class ShardRecords:
         # index -> (data, misfits, file name, bytes); see look()
         self._waiting: dict[int, tuple[ShardData, list[str], str, int]] = {}
         self._next_look = 0.0
+        self._any_stored: bool | None = None  # see stored()
 
     @property
     def nbytes(self) -> int:
         """Bytes reserved by the records of the open shards."""
         return self._budget.used
 
-    def opened(self, index: int, data: ShardData, batches: list[pa.RecordBatch]) -> None:
-        """Shard ``index`` just opened: reserve budget and map, build or schedule its records."""
+    def stored(self, index: int) -> bool:
+        """Whether shard ``index``'s records are likely in the node's store, before it opens
+        (a guess that only says how to open it: :class:`~stoker.loader.read.open_shards.OpenShards`):
+        its file under the layout without misfits, or, before any shard opened (no layout
+        yet), any record file in the store."""
+        if self.mode == 0 or self.store_dir is None:
+            return False
+        with self._lock:
+            table, store = self.table, self._store
+        if table is None:
+            if self._any_stored is None:
+                try:
+                    with os.scandir(self.store_dir) as entries:
+                        self._any_stored = any(e.name.endswith(RECORD_SUFFIX) for e in entries)
+                except OSError:
+                    self._any_stored = False
+            return self._any_stored
+        name = self._name(store, index, table.layout, [])
+        return name is not None and store.exists(name)  # type: ignore[union-attr]
+
+    def opened(self, index: int, data: ShardData, batches: list[pa.RecordBatch]) -> bool:
+        """Shard ``index`` just opened: reserve budget and map, build or schedule its records.
+        Whether records mapped from the store now serve every output of the shard (no
+        column of it is read)."""
         with self._lock:
             if self.mode == 0:
-                return
+                return False
             if self.table is None:
                 self._store = self.open_store()
+                self._advise_lists(data)
                 layout = rowmajor.RecordLayout.of(self._plan, batches)
                 if layout is None:
                     self.mode = 0
-                    return
+                    return False
                 self.table = RecordTable(layout, self._manifest.num_shards)
             if self.mode > 0 and self._store is None and os.getpid() != self.owner_pid:
-                return  # "auto" in a forked worker: N workers would hold N private copies
+                return False  # "auto" in a forked worker: N workers would hold N private copies
             nbytes = int(data.starts[-1]) * self.table.layout.stride
             if nbytes == 0 or not self._current(index, data) or not self._budget.reserve(nbytes):
-                return
+                return False
             self._bytes[index] = nbytes
             layout, store = self.table.layout, self._store
-        misfits = layout.misfits(batches)
-        name = None if store is None else store.name(
-            self._manifest.shards[index].xxh3_128, int(data.starts[-1]), layout.key(misfits))
+        name = self._name(store, index, layout, [])
+        if name is not None and store.exists(name):  # type: ignore[union-attr]
+            # a file named for these bytes with no misfits: its builder found none in them,
+            # so their list offsets need not be read again (the check still compares rows)
+            misfits: list[str] = []
+        else:
+            self._advise_lists(data)
+            misfits = layout.misfits(batches)
+            name = self._name(store, index, layout, misfits)
         if self.mode < 0 or (store is not None and name is not None and store.exists(name)):
-            self._get(index, data, misfits, name)
+            return self._get(index, data, misfits, name) and not misfits and self._serves_all()
         else:
             if name is not None:  # a worker forked before the build maps it later (look())
                 with self._lock:
                     self._waiting[index] = (data, misfits, name, nbytes)
             self._pools()[0].submit(warm.after_first_batch, _gated, self._get, index, data,
                                     misfits, name)
+        return False
+
+    def _serves_all(self) -> bool:
+        """Whether records serve every output of the plan (no column is read for a batch)."""
+        with self._lock:
+            return not self._plan.arrow_columns and self.table is not None and \
+                {o.name for o in self._plan.outputs} == {f.name for f in self.table.fields}
+
+    def _name(self, store: RecordStore | None, index: int, layout: rowmajor.RecordLayout,
+              misfits: list[str]) -> str | None:
+        """The store's file name for shard ``index``'s records (``None``: no store)."""
+        if store is None:
+            return None
+        info = self._manifest.shards[index]
+        return store.name(info.xxh3_128, info.rows, layout.key(misfits))
+
+    def _advise_lists(self, data: ShardData) -> None:
+        """Before reading every list offset of a shard opened advised (OpenShards): ask
+        for their pages at once, not one fault at a time."""
+        if data.random_advised:
+            advise_list_offsets(data, [o.name for o in self._plan.outputs if o.kind == "list"])
 
     def dropped(self, index: int) -> None:
         """Shard ``index`` closed (call under the source's lock): release its records."""
@@ -182,12 +235,14 @@ class ShardRecords:
         return found
 
     # -- getting records ----------------------------------------------------------------------
-    def _get(self, index: int, data: ShardData, misfits: list[str], name: str | None) -> None:
+    def _get(self, index: int, data: ShardData, misfits: list[str], name: str | None) -> bool:
+        """Map or build shard ``index``'s records and serve them; whether they were mapped
+        from the store (not built)."""
         table = self.table
         assert table is not None  # noqa: S101 - set before any shard gets here
         with self._lock:
             if not self._current(index, data):  # closed meanwhile (budget already released)
-                return
+                return False
         try:
             records, built = self._records_of(index, data, misfits, name)
         except (OSError, MemoryError, ValueError, pa.ArrowException) as exc:
@@ -197,13 +252,14 @@ class ShardRecords:
         with self._lock:
             if records is None or not self._current(index, data):
                 self._budget.release(self._bytes.pop(index, 0))
-                return
+                return False
             table.add(index, records, misfits)
             self._waiting.pop(index, None)
         if built and self._store is not None and name is not None:
             # after add: the save then swaps the served records for the file's mapping
             self._pools()[1].submit(_gated, self._save, self._store, name, index, data,
                                     records, misfits)
+        return not built
 
     def open_store(self) -> RecordStore | None:
         """The node's record store these records use (``None``: none, or not usable)."""
@@ -234,6 +290,8 @@ class ShardRecords:
                 return records, False
         if self.mode > 0 and os.getpid() != self.owner_pid:
             return None, False
+        if data.random_advised:  # opened for its records only (OpenShards): read it whole now
+            data.random_advised = not advise_whole(data.arena)
         if self.for_workers:  # they map the file: built in place, mapped once it is written
             stored = store.build(name, rows * layout.stride,
                                  lambda out: rowmajor.build(layout, data, misfits, out))
@@ -248,7 +306,10 @@ class ShardRecords:
         ``"records_mismatch"`` fallback, and the file is deleted from the store (the caller
         rebuilds the records from the shard and saves them again)."""
         layout = self.table.layout  # type: ignore[union-attr] - set before records are mapped
-        bad = record_check.first_mismatch(layout, data, records, misfits)
+        rows = record_check.sample_rows(int(data.starts[-1]))
+        if data.random_advised:  # opened for its records only: the checked rows' pages at once
+            advise_runs(data, layout.fields, rows, rows + 1)
+        bad = record_check.first_mismatch(layout, data, records, misfits, rows)
         if bad is None:
             return True
         note("records_mismatch", f"shard {index}: stored records {name} in {store.root} differ "

@@ -150,7 +150,8 @@ class ArrowSource:
         self._lock = threading.Condition()
         self._shards = OpenShards(manifest, self.columns, self._opener, max_open, self._lock,
                                   shard_data=self._shard_data, describe=self._describe,
-                                  opened=self._shard_opened, dropped=self._shard_dropped)
+                                  opened=self._shard_opened, dropped=self._shard_dropped,
+                                  stored=self._shard_stored)
         self._data = self._shards.data
         self.opened_shards = self._shards.opened_shards
         self._force_stage = row_major == "staged"
@@ -274,12 +275,17 @@ class ArrowSource:
     def _data_of(self, index: int) -> ShardData:
         return self._shards.data_of(index)
 
-    def _shard_opened(self, index: int, data: ShardData, batches: list[pa.RecordBatch]) -> None:
-        """A zero-copy shard opened: its rows feed the staging rounds, or its records."""
+    def _shard_opened(self, index: int, data: ShardData, batches: list[pa.RecordBatch]) -> bool:
+        """A zero-copy shard opened: its rows feed the staging rounds, or its records;
+        whether stored records serve all of it (see OpenShards)."""
         if self._stager is not None:
             self._stager.opened(batches)
-        elif self._rm is not None:
-            self._rm.opened(index, data, batches)
+            return False
+        return self._rm is not None and self._rm.opened(index, data, batches)
+
+    def _shard_stored(self, index: int) -> bool:
+        """Whether shard ``index``'s records are likely stored (see OpenShards)."""
+        return self._stager is None and self._rm is not None and self._rm.stored(index)
 
     def _shard_dropped(self, index: int) -> None:
         if self._rm is not None:
@@ -479,25 +485,30 @@ class ArrowSource:
 
     def _gather_twins(self, ids: np.ndarray, slot: Any) -> tuple[dict[str, np.ndarray],
                                                                   list[Any], list[Any]]:
-        """:meth:`_gather_records` while the kernels compile: every output from the columns
-        (records are read by a kernel), counted as a ``"compiling"`` fallback."""
+        """:meth:`_gather_records` while the kernels compile, counted as a ``"compiling"``
+        fallback: outputs from the records the node stored, copied by NumPy (a shard whose
+        records are stored is opened without reading its columns: see
+        :class:`~stoker.loader.read.open_shards.OpenShards`), the rest from the columns."""
         assert self._plan is not None  # noqa: S101
-        if not self.numba_free:
-            note("compiling", f"batch of samples {_shown(ids)}")
-        return {}, self._plan.groups(ids, self._starts, self._data_of), []
+        if self.numba_free:
+            return {}, self._plan.groups(ids, self._starts, self._data_of), []
+        note("compiling", f"batch of samples {_shown(ids)}")
+        if self._stager is not None:
+            return {}, self._plan.groups(ids, self._starts, self._data_of), []
+        return self._gather_records(ids, slot, numpy=True)
 
-    def _gather_records(self, ids: np.ndarray, slot: Any, epoch: int = 0,
-                        seed: int = 0) -> tuple[dict[str, np.ndarray], list[Any], list[Any]]:
-        """Outputs written from row-major records, then the groups the column kernels need:
-        ``(filled, groups of every row for the other outputs, groups of the rows without
-        records for the filled outputs)`` (see :meth:`FastPlan.run`)."""
+    def _gather_records(self, ids: np.ndarray, slot: Any, epoch: int = 0, seed: int = 0,
+                        numpy: bool = False) -> tuple[dict[str, np.ndarray], list[Any], list[Any]]:
+        """Outputs written from row-major records (by NumPy when ``numpy``), then the groups
+        the column kernels need: ``(filled, groups of every row for the other outputs, groups
+        of the rows without records for the filled outputs)`` (see :meth:`FastPlan.run`)."""
         assert self._plan is not None  # noqa: S101
         plan = self._plan
         if self._stager is not None:
             filled, positions = self._stager.gather(ids, slot, epoch, seed)
             lists = {f.name for f in self._stager.fields if f.kind == "list"}
         else:
-            filled, positions = self._gather_opening(ids, slot)
+            filled, positions = self._gather_opening(ids, slot, numpy)
         rest: list[Any] = []
         if filled and len(positions):
             if self._stager is None:
@@ -510,25 +521,26 @@ class ArrowSource:
         groups = plan.groups(ids, self._starts, self._data_of) if others else []
         return filled, groups, rest
 
-    def _gather_once(self, ids: np.ndarray, slot: Any) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def _gather_once(self, ids: np.ndarray, slot: Any,
+                     numpy: bool = False) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Record-served outputs of ``ids`` and the batch positions of rows without records."""
         table = self._records
         if table is None or not len(table):
             return {}, np.arange(len(ids))
-        filled, positions, touched = table.gather(ids, self._starts, slot)
+        filled, positions, touched = table.gather(ids, self._starts, slot, numpy=numpy)
         if len(touched):
             self._shards.touch(touched)
         return filled, positions
 
-    def _gather_opening(self, ids: np.ndarray,
-                        slot: Any) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def _gather_opening(self, ids: np.ndarray, slot: Any,
+                        numpy: bool = False) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """:meth:`_gather_once`, again after opening the shards of the rows it found without
         records when there were closed ones (opened shards map stored records), or after a
         forked worker mapped records another process saved meanwhile (ShardRecords.look)."""
-        filled, positions = self._gather_once(ids, slot)
+        filled, positions = self._gather_once(ids, slot, numpy)
         if len(positions) and (self._open_shards_of(ids[positions]) or
                                (self._rm is not None and self._rm.look())):
-            filled, positions = self._gather_once(ids, slot)
+            filled, positions = self._gather_once(ids, slot, numpy)
         return filled, positions
 
     @property

@@ -27,6 +27,7 @@ from stoker.loader.fastpath import kernels
 
 from stoker.loader.fastpath import kernels_np
 from stoker.loader.fastpath.plan import FastPlan, ShardData  # noqa: E402
+from stoker.loader.fastpath.record_table import RecordTable  # noqa: E402
 from stoker.loader.fastpath.ring import BufferRing  # noqa: E402
 
 FIXED = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(),
@@ -177,19 +178,34 @@ def test_thread_workers_switch_without_changing_bytes(mixed_dataset: Path,
     assert stats.fallbacks.get("compiling") == 5 and stats.kernel_switches >= 1
 
 
-def test_a_perturbed_twin_is_caught(mixed_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The comparison above fails when the twins write one different value."""
-    kw = dict(read=ReadOptions(features=["f0", "f1", "f2", "flag"], categoricals=["c0", "c1"]),
-              shuffle=True)
+@pytest.mark.parametrize("served_by", ["columns", "records"])
+def test_a_perturbed_twin_is_caught(mixed_dataset: Path, monkeypatch: pytest.MonkeyPatch,
+                                    served_by: str) -> None:
+    """The comparison above fails when the twins write one different value: the column
+    kernels' twins, or the records gather's (which serves shards whose records the node
+    stored: ``row_major=True`` builds and saves every shard's on the first epoch)."""
+    kw = dict(read=ReadOptions(features=["f0", "f1", "f2", "flag"], categoricals=["c0", "c1"],
+                               row_major=served_by == "records"), shuffle=True)
     want, _ = _epoch(mixed_dataset, monkeypatch, None, **kw)
-    original = kernels_np.gather_fixed
+    if served_by == "columns":
+        original = kernels_np.gather_fixed
 
-    def off_by_one(views: Any, meta: Any, chunk: Any, row: Any, dest: Any, out: Any) -> None:
-        original(views, meta, chunk, row, dest, out)
-        if len(dest):
-            out[dest[0], 0] += 1
+        def off_by_one(views: Any, meta: Any, chunk: Any, row: Any, dest: Any, out: Any) -> None:
+            original(views, meta, chunk, row, dest, out)
+            if len(dest):
+                out[dest[0], 0] += 1
 
-    monkeypatch.setattr(kernels_np, "gather_fixed", off_by_one)
+        monkeypatch.setattr(kernels_np, "gather_fixed", off_by_one)
+    else:
+        gather = RecordTable._gather_numpy
+
+        def one_byte_off(self: RecordTable, ids: Any, starts: Any, fields: Any,
+                         outs: Any) -> Any:
+            got = gather(self, ids, starts, fields, outs)
+            outs[0][0, 0] += 1
+            return got
+
+        monkeypatch.setattr(RecordTable, "_gather_numpy", one_byte_off)
     got, _ = _epoch(mixed_dataset, monkeypatch, _Gate(1), **kw)
     assert got != want and got[1:] == want[1:]
 

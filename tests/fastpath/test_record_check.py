@@ -180,6 +180,30 @@ def test_first_mismatch_names_the_checked_row_and_output(dataset: Manifest) -> N
                                            rows=np.arange(SIZES[0])) is None
 
 
+@pytest.mark.parametrize("values", [[1.0, 2.0], [1.0, 2.0, 0.0, 4.0], None],
+                         ids=["shorter", "longer", "null"])
+def test_a_list_of_another_length_is_a_mismatch(tmp_path: Path, values: Any) -> None:
+    """Records are named for a shard's bytes and the layout without misfits, and a process
+    that finds such a file trusts that its shard has none (its list offsets are not read
+    again): a shard whose list at a checked row has another length, or is null, differs
+    from every record, even where its values padded with zeros would match."""
+    table = record_table(40, 0, 7)
+    seq = table.column("seq").to_pylist()
+    seq[9] = [1.0, 2.0, 0.0]  # what the records hold: the shorter list padded
+    even = write_dataset(tmp_path / "even", [table.set_column(4, "seq", pa.array(
+        seq, pa.list_(pa.float32())))], batch_rows=32)
+    seq[9] = values
+    ragged = write_dataset(tmp_path / "ragged", [table.set_column(4, "seq", pa.array(
+        seq, pa.list_(pa.float32())))], batch_rows=32)
+    _, data, layout = _shard(even, 0)
+    records = np.array(rowmajor.build(layout, data))
+    _, other, _ = _shard(ragged, 0)
+    rows = np.arange(40)
+    assert record_check.first_mismatch(layout, data, records, rows=rows) is None
+    assert record_check.first_mismatch(layout, other, records, rows=rows) == \
+        record_check.Mismatch(9, "seq")
+
+
 def test_sample_rows_first_last_and_fresh_random_rows() -> None:
     small = record_check.sample_rows(50, 64)
     assert small.tolist() == list(range(50))  # a small shard: every row
