@@ -1,15 +1,16 @@
-"""Ahead-of-time compilation of a stoker kernel (``numba.pycc``): what a process would save.
+"""Kernels compiled ahead of time (stoker.loader.jit.aot, ``numba.pycc``): what a process saves.
 
 A fresh process pays ~0.5 s of Numba before its first kernel runs (importing Numba and making
 the dispatchers ~0.2 s, the typing context of the first cached kernel ~0.25 s; on 2 cores, a
 2 M-row W1 epoch read from stored records takes ~0.3 s past its first batch). A kernel
 compiled ahead of time into a plain extension module needs no Numba at run time. This probe
-compiles the row-major records gather (``stoker.loader.fastpath.record_table._gather``: raw
-pointers and prefetches through stoker's intrinsics, a binary search from another kernel)
-for the one signature the loader calls it with, then, each in a fresh process:
+builds the node's module (stoker.loader.jit.aot: the order's kernel and the row-major records
+gather, ``stoker.loader.fastpath.record_table._gather``, raw pointers and prefetches through
+stoker's intrinsics, a binary search from another kernel) into a temporary directory, then,
+each in a fresh process:
 
-- ``aot``: imports the compiled module and runs one call (Numba must stay unimported);
-- ``jit``: makes stoker's kernels and runs the cached JIT kernel once (its cost at start-up);
+- ``aot``: loads the module and runs the gather once (Numba must stay unimported);
+- ``jit``: makes stoker's kernels and runs the cached JIT gather once (its cost at start-up);
 
 and compares the two on the same W1-sized records: bytes written (must be equal) and time
 per 1,024-row batch (median of ``--repeats`` runs of 300 batches each).
@@ -18,8 +19,7 @@ Run (the command behind bench/RESULTS.md, "Cold start"):
 
     .venv/bin/python bench/aot_probe.py
 
-``numba.pycc`` is pending deprecation in Numba (since 0.57) with a replacement announced;
-this is a measurement of what ahead-of-time code would buy, not a build step of stoker.
+``numba.pycc`` is pending deprecation in Numba (since 0.57) with a replacement announced.
 """
 
 from __future__ import annotations
@@ -37,30 +37,16 @@ from typing import Any
 
 import numpy as np
 
-MODULE = "stoker_aot_probe"
-_A = "int64[::1]"
-SIGNATURE = (f"UniTuple(int64, 2)({_A}, {_A}, int64, {_A}, {_A}, int64, {_A}, {_A}, {_A}, "
-             f"{_A}, {_A}, {_A}, int64, {_A})")
 STRIDE, ROWS = 392, [600_000, 600_000, 600_000, 200_000]  # W1's record, 2 M rows in 4 shards
 FIELDS = ([0, 256, 320, 384], [256, 64, 64, 8])  # features, categoricals, seq, label bytes
 
 
 def build(out: str) -> float:
-    """Compile the gather into ``out``; seconds taken."""
-    import warnings
+    """Build the node's module (stoker.loader.jit.aot.build) into ``out``; seconds taken."""
+    from stoker.loader.jit import aot
 
-    from stoker.loader.fastpath import record_table
-    from stoker.loader.jit.kernel import materialize
-
-    materialize()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # pycc's pending deprecation
-        from numba.pycc import CC
-    cc = CC(MODULE)
-    cc.output_dir, cc.target_cpu, cc.verbose = out, "host", False
-    cc.export("gather", SIGNATURE)(record_table._gather.py_func)
     t = time.perf_counter()
-    cc.compile()
+    aot.build(out)
     return time.perf_counter() - t
 
 
@@ -94,8 +80,10 @@ def child(kind: str, out: str, repeats: int) -> dict[str, Any]:
     ids = np.random.default_rng(1).permutation(sum(ROWS))[:1024].astype(np.int64)
     t = time.perf_counter()
     if kind == "aot":
-        sys.path.insert(0, out)
-        fn = __import__(MODULE).gather
+        os.environ.update(STOKER_AOT="on", STOKER_AOT_DIR=out)
+        from stoker.loader.jit import aot
+
+        fn = aot.function("record_gather")
     else:
         from stoker.loader.fastpath import record_table
         from stoker.loader.jit.kernel import materialize
@@ -139,7 +127,7 @@ def main() -> None:
     if aot["numba_imported"]:
         raise SystemExit("importing the ahead-of-time module imported Numba")
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
-          f"{platform.python_version()}; compile {seconds:.1f} s (once, for one signature)")
+          f"{platform.python_version()}; the module built in {seconds:.1f} s (once per node)")
     print("| kernel | start-up to first batch | us per 1,024-row W1 batch | Numba imported |")
     print("|---|---:|---:|---|")
     for kind in ("jit", "aot"):

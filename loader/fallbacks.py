@@ -56,6 +56,9 @@ REASONS = {
                  "fresh process): the batch was read with pyarrow, the same bytes the kernels "
                  "write; batches switch to the kernels once they are ready (counted in "
                  "loader.stats.kernel_switches)",
+    "aot_unusable": "the node's kernels compiled ahead of time (stoker.loader.jit.aot) could "
+                    "not be loaded (a torn or foreign file): the process uses the Numba JIT "
+                    "kernels, the same bytes",
     "fork_busy": "a worker process was forked while a background thread (records, staging, "
                  "warm-up) was still inside a unit of work after the fork gate's wait "
                  "(stoker.loader.jit.fork_gate): the worker may block on a lock that thread "

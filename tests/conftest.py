@@ -30,6 +30,9 @@ os.environ["STOKER_ROW_MAJOR_DIR"] = _RECORDS  # subprocesses started by tests i
 # (stoker.loader.fastpath.warm): which path served a batch must not depend on timing in a test.
 # tests/fastpath/test_cold_start.py turns the fallback on where it is what is tested.
 os.environ["STOKER_COLD_START"] = "wait"
+# no kernels compiled ahead of time (stoker.loader.jit.aot), and no background build of them:
+# tests/fastpath/test_aot.py turns them on in a directory of its own
+os.environ["STOKER_AOT"] = "off"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
-from stoker.loader.jit import warmup
+from stoker.loader.jit import aot, warmup
 from stoker.loader.jit.intrinsics import pointer, prefetch
 from stoker.loader.jit.kernel import compiled, kernel
 from stoker.loader.fastpath.rowmajor import Field, RecordLayout
@@ -167,8 +167,9 @@ class RecordTable:
 
     def gather(self, ids: np.ndarray, starts: np.ndarray, slot: Slot, kernel: bool = False,
                numpy: bool = False) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-        """Fill the record-served outputs of the batch ``ids`` into ``slot``, with NumPy when
-        ``numpy`` (the caller's kernels are not ready) or while the kernel is still being
+        """Fill the record-served outputs of the batch ``ids`` into ``slot``: by the kernel
+        compiled ahead of time when the node has it (stoker.loader.jit.aot), else with NumPy
+        when ``numpy`` (the caller's kernels are not ready) or while the kernel is still being
         loaded by a warm-up thread on a process's first batch (unless ``kernel``).
 
         Returns ``(outputs, missing, touched)``: output name -> array (rows in ``missing``,
@@ -181,7 +182,9 @@ class RecordTable:
                 return {}, np.arange(n, dtype=np.int64), np.empty(0, dtype=np.int64)
             arrays = {f.name: slot.array(f.name, (n, f.width), f.dtype) for f in fields}
             outs = [arrays[f.name].view(np.uint8) for f in fields]
-            if numpy or (not kernel and warmup.first_call("gather") and not compiled(_gather)):
+            gather = aot.function("record_gather")
+            if gather is None and (numpy or (not kernel and warmup.first_call("gather")
+                                             and not compiled(_gather))):
                 missing_, touched_ = self._gather_numpy(ids, starts, fields, outs)
                 return arrays, missing_, touched_
             missing = np.empty(n, dtype=np.int64)
@@ -191,8 +194,9 @@ class RecordTable:
             if self._bucket[0] is not starts:  # the source's shard starts: one per source
                 self._bucket = (starts, *bucket_index(starts))
             _, shift, bucket = self._bucket
-            m, t = _gather(ids, starts, shift, bucket, self.addrs, self.layout.stride, offsets,
-                           sizes, out_addrs, out_strides, missing, self._marks, stamp, touched)
+            m, t = (gather or _gather)(ids, starts, shift, bucket, self.addrs, self.layout.stride,
+                                       offsets, sizes, out_addrs, out_strides, missing,
+                                       self._marks, stamp, touched)
         return arrays, missing[:m], touched[:t]
 
     def _gather_numpy(self, ids: np.ndarray, starts: np.ndarray, fields: Sequence[Field],

@@ -37,7 +37,7 @@ from stoker.loader.fastpath.images import ImageOptions, _unit, crop_box, resampl
 from stoker.loader.fastpath.plan import FastPlan, ShardData
 from stoker.loader.fastpath.record_table import RecordTable
 from stoker.loader.fastpath.ring import BufferRing
-from stoker.loader.jit import fork_gate, warmup
+from stoker.loader.jit import aot, fork_gate, warmup
 from stoker.loader.jit.kernel import compiled, made
 from stoker.loader.order.blend import Blend
 from stoker.loader.order.epoch import EpochOrder
@@ -57,7 +57,10 @@ def prime() -> None:
     """Start Numba's one-time runtime initialisation (~0.2 s of imports and type registries,
     the bulk of a fresh process's first batch) and load the order's kernels, in a warm-up
     thread, once per process. Called when a DataLoader is built (never at import), so a script
-    that builds its model meanwhile finds it done."""
+    that builds its model meanwhile finds it done. Nothing when the node compiled the order's
+    kernel ahead of time (stoker.loader.jit.aot): the order then needs no Numba."""
+    if aot.function("order_range") is not None:
+        return
     warmup.spawn(("order",), _held, _order)
 
 
@@ -182,6 +185,8 @@ def _columns_to_records() -> None:
 
 
 def _order() -> None:
+    if aot.function("order_range") is not None:
+        return  # the order calls the kernel compiled ahead of time
     try:
         order = EpochOrder(np.array([64, 64], dtype=np.int64), "0" * 32, 0, 0, OrderOptions())
         order_range(np.int64(0), np.int64(4), np.int64(1), *order._kernel_args())
@@ -221,7 +226,11 @@ def _run_plan(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
 def _run(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
     """Load the kernels in the order a first batch needs them: the order's, the records
     gather (records already on disk are mapped when a shard opens), the column kernels, then
-    the kernels that build records."""
+    the kernels that build records. On a node that compiled them before (they load from
+    Numba's cache), then build the kernels compiled ahead of time if the node has none yet
+    (stoker.loader.jit.aot: later processes then need no Numba for stored records)."""
+    if _warm_node():
+        aot.build_in_background()
     _order()
     try:
         with fork_gate.unit():  # pyarrow's locks must not be held at a worker's fork

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from stoker.loader.jit import warmup
+from stoker.loader.jit import aot, warmup
 from stoker.loader.jit.kernel import compiled
 from stoker.loader.order import feistel as _k
 from stoker.loader.order.options import (ORDER_ALGORITHM, OrderError, OrderOptions, check_int,
@@ -160,11 +160,13 @@ class EpochOrder:
             return np.arange(start, stop, step, dtype=np.int64)
         if stop <= start:
             return np.empty(0, dtype=np.int64)
-        if self.numpy_only or (warmup.warming() and not compiled(_k.order_range)):
+        ahead = aot.function("order_range")  # compiled ahead of time: no Numba at all
+        if ahead is None and (self.numpy_only or
+                              (warmup.warming() and not compiled(_k.order_range))):
             return _k.order_at_np(np.arange(start, stop, step, dtype=np.int64),
                                   *self._kernel_args())
-        return _k.order_range(np.int64(start), np.int64(stop), np.int64(step),
-                              *self._kernel_args())
+        return (ahead or _k.order_range)(np.int64(start), np.int64(stop), np.int64(step),
+                                         *self._kernel_args())
 
     def ids(self, start: int, stop: int) -> np.ndarray:
         """int64 global sample ids ``O[start:stop]`` (a global id indexes the concatenation of

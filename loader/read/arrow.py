@@ -32,11 +32,11 @@ from stoker.loader.fastpath.advise import shards_fit_memory
 from stoker.loader.fastpath.ring import BufferRing
 from stoker.loader.fastpath.shard_records import ShardRecords
 from stoker.loader.fastpath import warm
-from stoker.loader.jit import warmup
+from stoker.loader.jit import aot, warmup
 from stoker.loader.order.options import OrderOptions
 from stoker.loader.read.arrow_batch import arrow_batch
 from stoker.loader.read.columns import check_categoricals, check_column_names, check_image_column
-from stoker.loader.read.open_shards import OpenShards, ShardOpener
+from stoker.loader.read.open_shards import OPENERS, OpenShards, ShardOpener
 from stoker.loader.read.order_plan import record_stride
 from stoker.loader.read.staged_files import StagedFiles
 from stoker.loader.read.staging import Stager
@@ -151,6 +151,7 @@ class ArrowSource:
         self._shards = OpenShards(manifest, self.columns, self._opener, max_open, self._lock,
                                   shard_data=self._shard_data, describe=self._describe,
                                   opened=self._shard_opened, dropped=self._shard_dropped,
+                                  openers=OPENERS if opener is None else 1,
                                   stored=self._shard_stored)
         self._data = self._shards.data
         self.opened_shards = self._shards.opened_shards
@@ -167,9 +168,28 @@ class ArrowSource:
         self._files: StagedFiles | None = None  # stored records of staged rounds
         self._opened_ahead: set[int] = set()  # shards open_for_workers opened
         self._records_mode = self._rm.mode if self._rm is not None else 0  # bytes; -1: any
-        self._warm = (warm.start(self._plan, schema, bool(self._rm and self._rm.mode)),
-                      self._plan, schema, bool(self._rm and self._rm.mode)) \
+        records = bool(self._rm and self._rm.mode)
+        #: the plan's JIT kernels are warmed once a batch or a shard needs them, not before,
+        #: where stored records through the gather compiled ahead of time may serve every
+        #: batch (stoker.loader.jit.aot): such a process never imports Numba (not under
+        #: STOKER_COLD_START=wait, where no batch is read by the NumPy twins)
+        self._warm_later = self._plan is not None and not self.numba_free and records and \
+            not warmup.kernels_wait() and aot.function("record_gather") is not None and \
+            self._rm.stored(0)  # type: ignore[union-attr]
+        self._warm = ((warm.plan_key(self._plan, records) if self._warm_later else
+                       warm.start(self._plan, schema, records)), self._plan, schema, records) \
             if self._plan is not None and not self.numba_free else None
+
+    def _kernels_ready(self) -> bool:
+        """Whether batches may call the plan's JIT kernels now (warm.ready); not while their
+        warm-up waits for a batch that needs them (``_warm_later``)."""
+        return not self._warm_later and warm.ready(*self._warm)  # type: ignore[misc]
+
+    def _warm_now(self) -> None:
+        """A batch or a shard needs the plan's JIT kernels: start their warm-up."""
+        if self._warm_later:
+            self._warm_later = False
+            warm.start(*self._warm[1:])  # type: ignore[index]
 
     def stage(self, options: OrderOptions, rank: int, world_size: int) -> bool:
         """Read shuffled batches through staging rounds (:mod:`stoker.loader.read.staging`) for
@@ -197,6 +217,7 @@ class ArrowSource:
         if self._rm is not None:
             self._rm.close()
         self._rm = None
+        self._warm_now()  # rounds are staged by kernels
         return True
 
     def _staged_files(self, past_memory: bool) -> StagedFiles | None:
@@ -281,7 +302,10 @@ class ArrowSource:
         if self._stager is not None:
             self._stager.opened(batches)
             return False
-        return self._rm is not None and self._rm.opened(index, data, batches)
+        served = self._rm is not None and self._rm.opened(index, data, batches)
+        if not served:  # its columns are read: by the JIT kernels
+            self._warm_now()
+        return served
 
     def _shard_stored(self, index: int) -> bool:
         """Whether shard ``index``'s records are likely stored (see OpenShards)."""
@@ -382,7 +406,7 @@ class ArrowSource:
                 # or still compiling (past memory the kernels are waited for: a batch from
                 # the columns there costs a disk read per column and row)
                 twins = self.numba_free or (not self._shards.random_access and
-                                            not warm.ready(*self._warm))
+                                            not self._kernels_ready())
                 try:  # their NumPy twins write the same bytes now, from the same shards
                     filled, groups, rest = self._gather_twins(ids, slot) if twins \
                         else self._gather_records(ids, slot, epoch, seed)
@@ -446,7 +470,7 @@ class ArrowSource:
         end does.
         """
         plan, table, stager = self._plan, self._records, self._stager
-        if plan is None or len(batches) < 2 or self.numba_free or not warm.ready(*self._warm) or \
+        if plan is None or len(batches) < 2 or self.numba_free or not self._kernels_ready() or \
                 (stager is None and (table is None or not len(table))):
             return None
         held, skip = self._group_skip
@@ -492,10 +516,15 @@ class ArrowSource:
         assert self._plan is not None  # noqa: S101
         if self.numba_free:
             return {}, self._plan.groups(ids, self._starts, self._data_of), []
-        note("compiling", f"batch of samples {_shown(ids)}")
         if self._stager is not None:
+            note("compiling", f"batch of samples {_shown(ids)}")
             return {}, self._plan.groups(ids, self._starts, self._data_of), []
-        return self._gather_records(ids, slot, numpy=True)
+        filled, groups, rest = self._gather_records(ids, slot, numpy=True)
+        if self._warm_later and not groups and not rest:
+            return filled, groups, rest  # all from the gather compiled ahead of time
+        self._warm_now()
+        note("compiling", f"batch of samples {_shown(ids)}")
+        return filled, groups, rest
 
     def _gather_records(self, ids: np.ndarray, slot: Any, epoch: int = 0, seed: int = 0,
                         numpy: bool = False) -> tuple[dict[str, np.ndarray], list[Any], list[Any]]:

@@ -9,8 +9,8 @@ once, when it opens, so the kernels' raw reads are in range by construction.
 A shard whose row-major records the node stored is opened for them only (advised
 ``MADV_RANDOM``: pyarrow reads its messages, the records check its sampled rows): its columns
 serve no batch, and reading them whole beside the records doubled what a cold first batch
-read (2 M W1 rows, page cache dropped: 1.6 GB before the first batch, 0.8 GB now). The shards
-one gather needs are opened by a few threads at once: each open waits on the disk.
+read (2 M W1 rows, page cache dropped: 1.6 GB before the first batch, 0.8 GB now). The local
+shards one gather needs are opened by a few threads at once: each open waits on the disk.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from stoker.loader.fastpath.advise import (advise_list_offsets, advise_open, adv
 from stoker.loader.fastpath.plan import NotZeroCopy, ShardData, _kind
 from stoker.manifest import Manifest, ShardIntegrityError
 
-__all__ = ["OpenShards", "ShardOpener"]
+__all__ = ["OPENERS", "OpenShards", "ShardOpener"]
 
-_OPENERS = 4  # threads opening one batch's shards at once
+OPENERS = 4  # threads opening one batch's local shards at once
 
 ShardOpener = Callable[[int], AbstractContextManager[str]]
 """Opens shard ``index`` and yields a local path that stays valid inside the context."""
@@ -54,6 +54,8 @@ class OpenShards:
         opened: called with ``(index, data, batches)`` after a zero-copy shard opened; returns
             whether stored records serve every output of the shard (its columns stay unread).
         dropped: called with the index of a shard being closed, under ``lock``.
+        openers: threads opening one gather's shards at once (local files: each open waits
+            on the disk; through a cache, its own prefetch threads fetch ahead).
         stored: whether shard ``index``'s records are likely stored on the node: such a shard
             is opened advised ``MADV_RANDOM``, reading its metadata only (a 200 MB W1
             shard's columns are otherwise read whole by the kernel's read-around, beside the
@@ -70,7 +72,7 @@ class OpenShards:
                  shard_data: Callable[[list[pa.RecordBatch], pa.Buffer], ShardData | None],
                  describe: Callable[[int], str],
                  opened: Callable[[int, ShardData, list[pa.RecordBatch]], bool],
-                 dropped: Callable[[int], None],
+                 dropped: Callable[[int], None], openers: int = 1,
                  stored: Callable[[int], bool] = lambda index: False) -> None:
         self.manifest = manifest
         self._columns = columns
@@ -82,6 +84,7 @@ class OpenShards:
         self._on_opened = opened
         self._on_dropped = dropped
         self._stored = stored
+        self._openers = openers
         self._open: OrderedDict[int, tuple[pa.Table, AbstractContextManager[str]]] = OrderedDict()
         self._opening: set[int] = set()  # shards being opened (pinned) by some thread now
         self.data: dict[int, ShardData | None] = {}
@@ -156,13 +159,14 @@ class OpenShards:
         waits for them all, and each open waits on the disk: its messages' pages, its
         records' file); whether there were any."""
         closed = [s for s in shards if s not in self._open]
-        if len(closed) == 1:
-            self.table(closed[0])
-        elif closed:
-            with ThreadPoolExecutor(min(len(closed), _OPENERS),
+        if len(closed) > 1 and self._openers > 1:
+            with ThreadPoolExecutor(min(len(closed), self._openers),
                                     thread_name_prefix="stoker-open") as pool:
                 for _ in pool.map(self.table, closed):
                     pass
+        else:
+            for s in closed:
+                self.table(s)
         return bool(closed)
 
     def touch(self, shards: np.ndarray) -> None:

@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent.parent))  # for support (importlib mode)
+sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importlib mode)
 
-from support.shard_writer import write_dataset  # noqa: E402
+from fastpath_helpers import write_dataset  # noqa: E402
 
 from stoker.loader.fastpath.advise import _residency  # noqa: E402
 from stoker.loader.read.arrow import ArrowSource  # noqa: E402

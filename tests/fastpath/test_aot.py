@@ -1,0 +1,163 @@
+"""Kernels compiled ahead of time (stoker.loader.jit.aot): the bytes of the JIT kernels, loaded
+without Numba, never a stale or broken module; and a process reading stored records through
+them never imports Numba and reads the batches the JIT kernels give."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importlib mode)
+
+from fastpath_helpers import record_table, write_dataset  # noqa: E402
+
+from stoker.loader.fallbacks import collecting  # noqa: E402
+from stoker.loader.fastpath import record_table as rt  # noqa: E402
+from stoker.loader.fastpath.ring import BufferRing  # noqa: E402
+from stoker.loader.fastpath.rowmajor import Field, RecordLayout  # noqa: E402
+from stoker.loader.jit import aot  # noqa: E402
+from stoker.loader.order import feistel  # noqa: E402
+from stoker.loader.order.epoch import EpochOrder  # noqa: E402
+from stoker.loader.order.options import OrderOptions  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A directory holding the module for this code (built once: ~10 s of one core)."""
+    root = str(tmp_path_factory.mktemp("aot"))
+    path = aot.build(root)
+    assert path is not None and os.path.exists(path) and path == aot.module_path(root)[1]
+    return root
+
+
+@pytest.fixture
+def on(built: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Ahead-of-time kernels on, from ``built``, looked for afresh in this process."""
+    monkeypatch.setenv("STOKER_AOT", "on")
+    monkeypatch.setenv("STOKER_AOT_DIR", built)
+    monkeypatch.setattr(aot, "_loaded", [])
+    yield built
+    aot._loaded.clear()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=6),
+       seed=st.integers(0, 2**32 - 1), epoch=st.integers(0, 5),
+       partitions=st.sampled_from([1, 2, 7, 32]), block=st.sampled_from([1, 3, 16, 64]),
+       window=st.tuples(st.integers(0, 20000), st.integers(0, 20000), st.integers(1, 9)))
+def test_the_order_compiled_ahead_of_time_gives_the_jit_ids(on: str, sizes: list[int],
+                                                           seed: int, epoch: int,
+                                                           partitions: int, block: int,
+                                                           window: tuple[int, int, int]) -> None:
+    if not sum(sizes):
+        sizes = [*sizes, 1]
+    order = EpochOrder(np.array(sizes, dtype=np.int64), "ab" * 16, seed, epoch,
+                       OrderOptions(partitions=partitions, block_size=block))
+    n = order.num_samples
+    start, stop, step = min(window[0], n), min(window[1], n), window[2]
+    args = (np.int64(start), np.int64(stop), np.int64(step), *order._kernel_args())
+    ahead = aot.function("order_range")
+    assert ahead is not None
+    got, want = ahead(*args), feistel.order_range(*args)
+    assert got.dtype == want.dtype == np.int64 and np.array_equal(got, want)
+
+
+def _gather(table: rt.RecordTable, ids: np.ndarray, starts: np.ndarray) -> list[Any]:
+    slot = BufferRing(1).acquire()
+    arrays, missing, touched = table.gather(ids, starts, slot, kernel=True)
+    return [{k: v.copy() for k, v in arrays.items()}, missing.copy(), touched.copy()]
+
+
+def test_the_records_gather_compiled_ahead_of_time_writes_the_jit_bytes(
+        on: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(3)
+    layout = RecordLayout([Field("features", "matrix", 0, 5, np.dtype(np.float32), ()),
+                           Field("label", "fixed", 24, 1, np.dtype(np.int64), ())])
+    rows = [300, 0, 120, 77]
+    starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+    table = rt.RecordTable(layout, len(rows))
+    for shard in (0, 3):  # shard 2 has no records: its rows come back as missing
+        table.add(shard, rng.integers(0, 255, (rows[shard], layout.stride), dtype=np.uint8))
+    ids = rng.integers(0, int(starts[-1]), 700).astype(np.int64)
+    assert aot.function("record_gather") is not None
+    ahead = _gather(table, ids, starts)
+    monkeypatch.setattr(aot, "_loaded", [None])  # the JIT kernel
+    jit = _gather(table, ids, starts)
+    assert ahead[0].keys() == jit[0].keys()
+    for name in jit[0]:
+        assert ahead[0][name].tobytes() == jit[0][name].tobytes(), name
+    assert np.array_equal(ahead[1], jit[1]) and len(jit[1])  # rows of shard 2
+    assert np.array_equal(ahead[2], jit[2])
+
+
+def test_another_code_or_a_broken_file_is_never_loaded(built: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STOKER_AOT", "on")
+    monkeypatch.setenv("STOKER_AOT_DIR", built)
+    monkeypatch.setattr(aot, "_loaded", [])
+    built_path = aot.module_path(built)[1]
+    monkeypatch.setattr(aot, "_FORMAT", "another code")  # what an edit or upgrade changes
+    assert aot.module_path(built)[1] != built_path
+    assert not os.path.exists(aot.module_path(built)[1])
+    assert aot.function("record_gather") is None  # the built module is for other code
+
+    monkeypatch.setenv("STOKER_AOT_DIR", str(tmp_path))
+    monkeypatch.setattr(aot, "_loaded", [])
+    Path(aot.module_path()[1]).write_bytes(b"\x7fELF torn")
+    with collecting() as noted:
+        assert aot.function("order_range") is None
+    assert "aot_unusable" in noted
+
+    monkeypatch.setenv("STOKER_AOT", "off")
+    monkeypatch.setattr(aot, "_loaded", [])
+    monkeypatch.setenv("STOKER_AOT_DIR", built)
+    monkeypatch.setattr(aot, "_FORMAT", aot._FORMAT)
+    assert aot.function("order_range") is None and not aot.build_in_background()
+
+
+_EPOCH = """
+import hashlib, json, sys
+from stoker.loader import DataLoader, ReadOptions
+loader = DataLoader(sys.argv[1], batch_size=16, shuffle=True, seed=4, columns=["id", "seq"],
+                    read=ReadOptions(features=["f0", "f1"], categoricals=["c0"], row_major=True))
+h = hashlib.sha256()
+for batch in loader:
+    for key in sorted(batch):
+        h.update(key.encode() + batch[key].numpy().tobytes())
+loader.close()
+print(json.dumps({"digest": h.hexdigest(), "numba": "numba" in sys.modules,
+                  "fallbacks": dict(loader.stats.fallbacks)}))
+"""
+
+
+def _run_epoch(root: Path, records: Path, **env: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-c", _EPOCH, str(root)], check=True, text=True,
+                         capture_output=True,
+                         env={**os.environ, "STOKER_ROW_MAJOR_DIR": str(records), **env})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_run_of_stored_records_never_imports_numba(built: str, tmp_path: Path) -> None:
+    sizes = [300, 200, 250]
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    manifest = write_dataset(tmp_path / "data", [record_table(n, int(s), i) for i, (n, s)
+                                                 in enumerate(zip(sizes, starts))],
+                             batch_rows=32)
+    records = tmp_path / "records"
+    first = _run_epoch(Path(manifest.root), records, STOKER_AOT="off")  # builds, saves
+    assert first["numba"]
+    ahead = _run_epoch(Path(manifest.root), records, STOKER_AOT="on", STOKER_AOT_DIR=built,
+                       STOKER_COLD_START="fallback")
+    assert not ahead["numba"] and ahead["digest"] == first["digest"]
+    assert "compiling" not in ahead["fallbacks"]
+    jit = _run_epoch(Path(manifest.root), records, STOKER_AOT="off")  # the stored records
+    assert jit["numba"] and jit["digest"] == first["digest"]
