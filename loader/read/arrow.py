@@ -470,7 +470,8 @@ class ArrowSource:
         end does.
         """
         plan, table, stager = self._plan, self._records, self._stager
-        if plan is None or len(batches) < 2 or self.numba_free or not self._kernels_ready() or \
+        if plan is None or len(batches) < 2 or self.numba_free or \
+                not (self._warm_later or self._kernels_ready()) or \
                 (stager is None and (table is None or not len(table))):
             return None
         held, skip = self._group_skip
