@@ -13,7 +13,7 @@ other kernel, and these on a node without the module, stay Numba's JIT kernels.
 The module is built once per node, in the background: a process whose JIT kernels loaded from
 Numba's cache (the node compiled them before) and found no module starts
 ``python -m stoker.loader.jit.aot`` in its own session at a low CPU priority
-(:func:`build_in_background`; ~10 s of one core), which later processes load
+(:func:`build_in_background`; ~5-8 s of one core), which later processes load
 (:func:`function`). Its name holds a hash of everything its code depends on (the kernels'
 source files, Numba's and Python's versions, the machine), so an upgrade or an edit builds a
 new one and an old one is never loaded. It is compiled for a generic CPU of the machine's

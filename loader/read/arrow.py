@@ -510,10 +510,12 @@ class ArrowSource:
 
     def _gather_twins(self, ids: np.ndarray, slot: Any) -> tuple[dict[str, np.ndarray],
                                                                   list[Any], list[Any]]:
-        """:meth:`_gather_records` while the kernels compile, counted as a ``"compiling"``
-        fallback: outputs from the records the node stored, copied by NumPy (a shard whose
-        records are stored is opened without reading its columns: see
-        :class:`~stoker.loader.read.open_shards.OpenShards`), the rest from the columns."""
+        """:meth:`_gather_records` while the JIT kernels compile or load, counted as a
+        ``"compiling"`` fallback: outputs from the records the node stored, copied by NumPy or
+        the gather compiled ahead of time (a shard whose records are stored is opened without
+        reading its columns: see :class:`~stoker.loader.read.open_shards.OpenShards`), the
+        rest from the columns. No fallback where that gather served the whole batch before
+        any JIT kernel was wanted (``_warm_later``): nothing waited for a compile."""
         assert self._plan is not None  # noqa: S101
         if self.numba_free:
             return {}, self._plan.groups(ids, self._starts, self._data_of), []

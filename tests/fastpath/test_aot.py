@@ -32,7 +32,7 @@ from stoker.loader.order.options import OrderOptions  # noqa: E402
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A directory holding the module for this code (built once: ~10 s of one core)."""
+    """A directory holding the module for this code (built once: ~5-8 s of one core)."""
     root = str(tmp_path_factory.mktemp("aot"))
     path = aot.build(root)
     assert path is not None and os.path.exists(path) and path == aot.module_path(root)[1]
