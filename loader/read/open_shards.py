@@ -57,7 +57,7 @@ class OpenShards:
         openers: threads opening one gather's shards at once (local files: each open waits
             on the disk; through a cache, its own prefetch threads fetch ahead).
         stored: whether shard ``index``'s records are likely stored on the node: such a shard
-            is opened advised ``MADV_RANDOM``, reading its metadata only (a 200 MB W1
+            is opened advised ``MADV_RANDOM``, reading its metadata only (a 250 MB W1
             shard's columns are otherwise read whole by the kernel's read-around, beside the
             records that serve its batches); advised back when ``opened`` says the columns
             are needed after all.
