@@ -135,8 +135,8 @@ def run(args: argparse.Namespace) -> int:
     cold = read.stats["fallbacks"].get("compiling", 0)
     if cold:
         print(f"            ({cold} batches were read by NumPy twins while stoker's Numba kernels "
-              "compiled in the background, once per machine; the demo exits when they are "
-              "cached. Run `stoker demo` again for steady-state figures)")
+              "compiled (once per machine) or loaded in the background; the demo exits when "
+              "they are cached. Run `stoker demo` again for steady-state figures)")
     verdict = "exact" if read.resume_exact else "MISMATCH"
     print(f"  resume    {verdict}: stopped after batch {read.resume_at} of {read.batches}, "
           "saved state_dict(), continued with another worker count")
