@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import pyarrow as pa
 
-from stoker.cache.store.derived import RECORD_SUFFIX
+from stoker.cache.store.derived import DerivedFiles
 from stoker.loader.fastpath import record_check, rowmajor, warm
 from stoker.loader.fastpath.advise import (advise_list_offsets, advise_runs, advise_whole,
                                            libc_fn)
@@ -105,21 +105,25 @@ class ShardRecords:
         """Whether shard ``index``'s records are likely in the node's store, before it opens
         (a guess that only says how to open it: :class:`~stoker.loader.read.open_shards.OpenShards`):
         its file under the layout without misfits, or, before any shard opened (no layout
-        yet), any record file in the store."""
-        if self.mode == 0 or self.store_dir is None:
+        yet), :meth:`any_stored`."""
+        if self.mode == 0:
             return False
         with self._lock:
             table, store = self.table, self._store
         if table is None:
-            if self._any_stored is None:
-                try:
-                    with os.scandir(self.store_dir) as entries:
-                        self._any_stored = any(e.name.endswith(RECORD_SUFFIX) for e in entries)
-                except OSError:
-                    self._any_stored = False
-            return self._any_stored
+            return self.any_stored()
         name = self._name(store, index, table.layout, [])
         return name is not None and store.exists(name)  # type: ignore[union-attr]
+
+    def any_stored(self) -> bool:
+        """Whether the store holds any record file (asked once per source)."""
+        if self._any_stored is None:
+            try:
+                self._any_stored = self.mode != 0 and self.store_dir is not None and \
+                    bool(DerivedFiles(self.store_dir).scan()[0])
+            except OSError:  # not a usable directory: open_store() says so, once
+                self._any_stored = False
+        return self._any_stored
 
     def opened(self, index: int, data: ShardData, batches: list[pa.RecordBatch]) -> bool:
         """Shard ``index`` just opened: reserve budget and map, build or schedule its records.
@@ -144,22 +148,23 @@ class ShardRecords:
             self._bytes[index] = nbytes
             layout, store = self.table.layout, self._store
         name = self._name(store, index, layout, [])
-        if name is not None and store.exists(name):  # type: ignore[union-attr]
-            # a file named for these bytes with no misfits: its builder found none in them,
-            # so their list offsets need not be read again (the check still compares rows)
-            misfits: list[str] = []
-        else:
+        found = name is not None and store.exists(name)  # type: ignore[union-attr]
+        # a file named for these bytes with no misfits: its builder found none in them, so
+        # their list offsets need not be read again (the check still compares rows)
+        misfits: list[str] = []
+        if not found:
             self._advise_lists(data)
             misfits = layout.misfits(batches)
-            name = self._name(store, index, layout, misfits)
-        if self.mode < 0 or (store is not None and name is not None and store.exists(name)):
+            if misfits:
+                name = self._name(store, index, layout, misfits)
+                found = name is not None and store.exists(name)  # type: ignore[union-attr]
+        if self.mode < 0 or found:
             return self._get(index, data, misfits, name) and not misfits and self._serves_all()
-        else:
-            if name is not None:  # a worker forked before the build maps it later (look())
-                with self._lock:
-                    self._waiting[index] = (data, misfits, name, nbytes)
-            self._pools()[0].submit(warm.after_first_batch, _gated, self._get, index, data,
-                                    misfits, name)
+        if name is not None:  # a worker forked before the build maps it later (look())
+            with self._lock:
+                self._waiting[index] = (data, misfits, name, nbytes)
+        self._pools()[0].submit(warm.after_first_batch, _gated, self._get, index, data,
+                                misfits, name)
         return False
 
     def _serves_all(self) -> bool:

@@ -175,7 +175,7 @@ class ArrowSource:
         #: STOKER_COLD_START=wait, where no batch is read by the NumPy twins)
         self._warm_later = self._plan is not None and not self.numba_free and records and \
             not warmup.kernels_wait() and aot.function("record_gather") is not None and \
-            self._rm.stored(0)  # type: ignore[union-attr]
+            self._rm.any_stored()  # type: ignore[union-attr]
         self._warm = ((warm.plan_key(self._plan, records) if self._warm_later else
                        warm.start(self._plan, schema, records)), self._plan, schema, records) \
             if self._plan is not None and not self.numba_free else None
@@ -517,10 +517,9 @@ class ArrowSource:
         rest from the columns. No fallback where that gather served the whole batch before
         any JIT kernel was wanted (``_warm_later``): nothing waited for a compile."""
         assert self._plan is not None  # noqa: S101
-        if self.numba_free:
-            return {}, self._plan.groups(ids, self._starts, self._data_of), []
-        if self._stager is not None:
-            note("compiling", f"batch of samples {_shown(ids)}")
+        if self.numba_free or self._stager is not None:
+            if not self.numba_free:
+                note("compiling", f"batch of samples {_shown(ids)}")
             return {}, self._plan.groups(ids, self._starts, self._data_of), []
         filled, groups, rest = self._gather_records(ids, slot, numpy=True)
         if self._warm_later and not groups and not rest:
