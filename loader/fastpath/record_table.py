@@ -166,11 +166,15 @@ class RecordTable:
                 self._collect_locked()
 
     def gather(self, ids: np.ndarray, starts: np.ndarray, slot: Slot, kernel: bool = False,
-               numpy: bool = False) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-        """Fill the record-served outputs of the batch ``ids`` into ``slot``: by the kernel
-        compiled ahead of time when the node has it (stoker.loader.jit.aot), else with NumPy
-        when ``numpy`` (the caller's kernels are not ready) or while the kernel is still being
-        loaded by a warm-up thread on a process's first batch (unless ``kernel``).
+               numpy: bool = False, jit: bool = False
+               ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """Fill the record-served outputs of the batch ``ids`` into ``slot``: by the JIT
+        kernel once this process loaded it (or when ``jit``: a warm-up loads it), else by
+        the kernel compiled ahead of time when the node has it (stoker.loader.jit.aot; the
+        same bytes, but it holds the GIL: :func:`stoker.loader.fastpath.warm.gather_jit`),
+        else with NumPy when ``numpy`` (the caller's kernels are not ready) or while the
+        kernel is still being loaded by a warm-up thread on a process's first batch (unless
+        ``kernel``).
 
         Returns ``(outputs, missing, touched)``: output name -> array (rows in ``missing``,
         batch positions whose shard has no records, are left for the column path) and the
@@ -182,7 +186,7 @@ class RecordTable:
                 return {}, np.arange(n, dtype=np.int64), np.empty(0, dtype=np.int64)
             arrays = {f.name: slot.array(f.name, (n, f.width), f.dtype) for f in fields}
             outs = [arrays[f.name].view(np.uint8) for f in fields]
-            gather = aot.function("record_gather")
+            gather = None if jit or compiled(_gather) else aot.function("record_gather")
             if gather is None and (numpy or (not kernel and warmup.first_call("gather")
                                              and not compiled(_gather))):
                 missing_, touched_ = self._gather_numpy(ids, starts, fields, outs)

@@ -45,8 +45,8 @@ from stoker.loader.order.feistel import order_range
 from stoker.loader.order.mixture_kernel import pick_spans, place, source_of
 from stoker.loader.order.options import OrderOptions
 
-__all__ = ["after_first_batch", "plan_key", "prime", "prime_columns_to_records", "prime_mixture",
-           "ready", "served", "start", "usable"]
+__all__ = ["after_first_batch", "gather_jit", "plan_key", "prime", "prime_columns_to_records",
+           "prime_mixture", "ready", "served", "start", "usable"]
 
 _served = threading.Event()  # a first batch was delivered in this process (see served)
 _HOLD_S = 1.0  # longest a warm-up waits for that first batch before it compiles anyway
@@ -242,9 +242,7 @@ def _run(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
         try:
             layout = rowmajor.RecordLayout.of(plan, batches) if row_major else None
             if layout is not None:
-                table = RecordTable(layout, 1)
-                table.add(0, np.zeros((2, layout.stride), dtype=np.uint8))
-                table.gather(one, np.array([0, 2], dtype=np.int64), slot, kernel=True)
+                _gather_tiny(layout, slot)
             plan.run([(data, one, one, one)], 1, slot, lambda cols: {c: None for c in cols})
             if layout is not None:
                 rowmajor.build(layout, data, layout.misfits(batches))
@@ -252,6 +250,42 @@ def _run(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
             ring.release(slot)
     except _expected() as exc:  # only a head start; the first batch loads them (or raises)
         note("warmup_skipped", f"kernels: {type(exc).__name__}: {exc}")
+
+
+def gather_jit(plan: FastPlan, schema: pa.Schema) -> None:
+    """Load the records gather's JIT kernel in a warm-up thread, once per process; batches
+    use it once loaded (:meth:`RecordTable.gather`). For thread workers serving stored
+    records through the gather compiled ahead of time: ``numba.pycc`` has no ``nogil``, so
+    they take turns on the GIL (2 thread workers, W1 records, later epochs: ~6 M rows/s
+    against ~7 M with none); the JIT kernel gives it up (12-14 M). Loading it costs a
+    process ~0.5 s of Numba's start-up, hence the caller asks only after thread workers
+    have served a while (stoker.loader.read.arrow)."""
+    warmup.spawn(("record_gather",), _gather_jit, plan, schema)
+
+
+def _gather_jit(plan: FastPlan, schema: pa.Schema) -> None:
+    try:
+        with fork_gate.unit():
+            batches, _ = _tiny_shard(schema, plan.kernel_columns)
+        layout = rowmajor.RecordLayout.of(plan, batches)
+        if layout is None:
+            return
+        ring = BufferRing(1, False)
+        slot = ring.acquire()
+        try:
+            _gather_tiny(layout, slot)
+        finally:
+            ring.release(slot)
+    except _expected() as exc:  # only a head start
+        note("warmup_skipped", f"records gather: {type(exc).__name__}: {exc}")
+
+
+def _gather_tiny(layout: rowmajor.RecordLayout, slot: Any) -> None:
+    """The records gather's JIT kernel, called once on a two-row table of ``layout``."""
+    table = RecordTable(layout, 1)
+    table.add(0, np.zeros((2, layout.stride), dtype=np.uint8))
+    table.gather(np.zeros(1, dtype=np.int64), np.array([0, 2], dtype=np.int64), slot,
+                 kernel=True, jit=True)
 
 
 def _images(options: ImageOptions) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Callable, Mapping, Sequence
 
@@ -59,6 +60,9 @@ _GROUP_SKIP = 32
 # fastest with 2 thread workers, 4096 and 16384 slower (bench/RESULTS.md "Workers and the GIL")
 _GROUP_ROWS = 8192
 _GROUP_BYTES = 4 << 20
+#: seconds of thread workers' groups through the records gather compiled ahead of time after
+#: which its JIT twin is loaded (ArrowSource._ask_jit)
+_JIT_AFTER_S = 1.0
 
 
 class ArrowSource:
@@ -179,6 +183,9 @@ class ArrowSource:
         self._warm = ((warm.plan_key(self._plan, records) if self._warm_later else
                        warm.start(self._plan, schema, records)), self._plan, schema, records) \
             if self._plan is not None and not self.numba_free else None
+
+        self._threads_since: float | None = None  # a thread worker's first group (_ask_jit)
+        self._jit_asked = False
 
     def _kernels_ready(self) -> bool:
         """Whether batches may call the plan's JIT kernels now (warm.ready); not while their
@@ -503,10 +510,27 @@ class ArrowSource:
                 out.append((batch, None if digest is None else digest(batch, arrays)))
                 lo += n
             self.batches_grouped += len(out)
+            self._ask_jit()
             return out
         finally:
             if into is None:
                 self._ring.release(slot)
+
+    def _ask_jit(self) -> None:
+        """Once thread workers have served groups through the records gather compiled ahead
+        of time for :data:`_JIT_AFTER_S`, load its JIT twin, which gives the GIL up
+        (:func:`~stoker.loader.fastpath.warm.gather_jit`). Not sooner: loading it costs ~0.5 s
+        of Numba's start-up, more than a short run gains. Not in a process's main thread (no
+        workers, or a process worker): one thread gathers there, at the same speed either way."""
+        if not self._warm_later or self._jit_asked or \
+                threading.current_thread() is threading.main_thread():
+            return
+        now = time.monotonic()
+        if self._threads_since is None:
+            self._threads_since = now
+        elif now - self._threads_since >= _JIT_AFTER_S:
+            self._jit_asked = True
+            warm.gather_jit(*self._warm[1:3])  # type: ignore[index]
 
     def _gather_twins(self, ids: np.ndarray, slot: Any) -> tuple[dict[str, np.ndarray],
                                                                   list[Any], list[Any]]:

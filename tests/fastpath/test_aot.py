@@ -89,9 +89,12 @@ def test_the_records_gather_compiled_ahead_of_time_writes_the_jit_bytes(
         table.add(shard, rng.integers(0, 255, (rows[shard], layout.stride), dtype=np.uint8))
     ids = rng.integers(0, int(starts[-1]), 700).astype(np.int64)
     assert aot.function("record_gather") is not None
-    ahead = _gather(table, ids, starts)
+    with monkeypatch.context() as patched:  # as if this process had not loaded the JIT one
+        patched.setattr(rt, "compiled", lambda fn: False)
+        ahead = _gather(table, ids, starts)
     monkeypatch.setattr(aot, "_loaded", [None])  # the JIT kernel
     jit = _gather(table, ids, starts)
+    assert rt.compiled(rt._gather)
     assert np.array_equal(ahead[1], jit[1]) and len(jit[1])  # rows of shard 2: left unwritten
     assert np.array_equal(ahead[2], jit[2])
     written = np.setdiff1d(np.arange(len(ids)), jit[1])
@@ -135,6 +138,7 @@ h = hashlib.sha256()
 for batch in loader:
     for key in sorted(batch):
         h.update(key.encode() + batch[key].numpy().tobytes())
+loader._source.wait_row_major()  # every record saved: the next run finds them all
 loader.close()
 print(json.dumps({"digest": h.hexdigest(), "numba": "numba" in sys.modules,
                   "fallbacks": dict(loader.stats.fallbacks)}))
@@ -166,3 +170,65 @@ def test_a_run_of_stored_records_never_imports_numba(built: str, tmp_path: Path,
     assert "compiling" not in ahead["fallbacks"]
     jit = _run_epoch(Path(manifest.root), records, STOKER_AOT="off")  # the stored records
     assert jit["numba"] and jit["digest"] == first["digest"]
+
+
+_EPOCHS = """
+import hashlib, json, sys
+from stoker.loader import DataLoader, ReadOptions, WorkerOptions
+from stoker.loader.fastpath import record_table
+from stoker.loader.jit import aot, warmup
+from stoker.loader.read import arrow
+arrow._JIT_AFTER_S = 0.0  # thread workers ask for the JIT gather at their second group
+asked = []
+real = aot.function
+aot.function = lambda name: asked.append(name) or real(name)
+loader = DataLoader(sys.argv[1], batch_size=16, shuffle=True, seed=4, columns=["id", "seq"],
+                    num_workers=int(sys.argv[2]), persistent_workers=int(sys.argv[2]) > 0,
+                    read=ReadOptions(features=["f0", "f1"], categoricals=["c0"], row_major=True),
+                    workers=WorkerOptions(mode="thread"))
+digests, gathers = [], []
+for epoch in range(2):
+    loader.set_epoch(epoch)
+    asked.clear()
+    h = hashlib.sha256()
+    for batch in loader:
+        for key in sorted(batch):
+            h.update(key.encode() + batch[key].numpy().tobytes())
+    digests.append(h.hexdigest())
+    gathers.append(asked.count("record_gather"))  # the gather compiled ahead of time asked for
+    warmup.wait()
+loader._source.wait_row_major()
+loader.close()
+print(json.dumps({"digests": digests, "aot_gathers": gathers, "grouped":
+                  loader._source.batches_grouped,
+                  "jit": record_table.compiled(record_table._gather)}))
+"""
+
+
+def test_thread_workers_switch_to_the_jit_gather_and_no_byte_changes(
+        built: str, tmp_path: Path) -> None:
+    """Thread workers serving stored records through the gather compiled ahead of time (which
+    holds the GIL) load its JIT twin and use it from then on; both epochs give the bytes of a
+    run that never had the module."""
+    sizes = [300, 200, 250]
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    manifest = write_dataset(tmp_path / "data", [record_table(n, int(s), i) for i, (n, s)
+                                                 in enumerate(zip(sizes, starts))],
+                             batch_rows=32)
+    records = tmp_path / "records"
+
+    def run(workers: int, **env: str) -> dict[str, Any]:
+        out = subprocess.run([sys.executable, "-c", _EPOCHS, str(manifest.root), str(workers)],
+                             check=True, text=True, capture_output=True,
+                             env={**os.environ, "STOKER_ROW_MAJOR_DIR": str(records), **env})
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    jit = run(0, STOKER_AOT="off")  # builds and saves the records; JIT kernels only
+    assert jit["digests"][0] != jit["digests"][1]  # two epochs, two orders
+    switched = run(2, STOKER_AOT="on", STOKER_AOT_DIR=built, STOKER_COLD_START="fallback")
+    assert switched["digests"] == jit["digests"]
+    assert switched["grouped"] > 0 and switched["jit"]
+    assert switched["aot_gathers"][0] > 0 and switched["aot_gathers"][1] == 0
+    alone = run(0, STOKER_AOT="on", STOKER_AOT_DIR=built, STOKER_COLD_START="fallback")
+    assert alone["digests"] == jit["digests"]
+    assert not alone["jit"] and alone["aot_gathers"][1] > 0  # no workers: no switch
