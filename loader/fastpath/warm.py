@@ -184,8 +184,8 @@ def _columns_to_records() -> None:
         note("warmup_skipped", f"columns_to_records: {type(exc).__name__}: {exc}")
 
 
-def _order() -> None:
-    if aot.function("order_range") is not None:
+def _order(jit: bool = False) -> None:
+    if not jit and aot.function("order_range") is not None:
         return  # the order calls the kernel compiled ahead of time
     try:
         order = EpochOrder(np.array([64, 64], dtype=np.int64), "0" * 32, 0, 0, OrderOptions())
@@ -253,8 +253,9 @@ def _run(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
 
 
 def gather_jit(plan: FastPlan, schema: pa.Schema) -> None:
-    """Load the records gather's JIT kernel in a warm-up thread, once per process; batches
-    use it once loaded (:meth:`RecordTable.gather`). For thread workers serving stored
+    """Load the JIT kernels of the records gather and of the order in a warm-up thread, once
+    per process; they serve once loaded (:meth:`RecordTable.gather`,
+    :meth:`EpochOrder._range`). For thread workers serving stored
     records through the gather compiled ahead of time: ``numba.pycc`` has no ``nogil``, so
     they take turns on the GIL (2 thread workers, W1 records, later epochs: ~6 M rows/s
     against ~7 M with none); the JIT kernel gives it up (12-14 M). Loading it costs a
@@ -264,6 +265,7 @@ def gather_jit(plan: FastPlan, schema: pa.Schema) -> None:
 
 
 def _gather_jit(plan: FastPlan, schema: pa.Schema) -> None:
+    _order(jit=True)
     try:
         with fork_gate.unit():
             batches, _ = _tiny_shard(schema, plan.kernel_columns)

@@ -160,7 +160,9 @@ class EpochOrder:
             return np.arange(start, stop, step, dtype=np.int64)
         if stop <= start:
             return np.empty(0, dtype=np.int64)
-        ahead = aot.function("order_range")  # compiled ahead of time: no Numba at all
+        # compiled ahead of time: no Numba at all, but it holds the GIL (the JIT kernel, once
+        # this process loaded it, gives it up: stoker.loader.fastpath.warm.gather_jit)
+        ahead = None if compiled(_k.order_range) else aot.function("order_range")
         if ahead is None and (self.numpy_only or
                               (warmup.warming() and not compiled(_k.order_range))):
             return _k.order_at_np(np.arange(start, stop, step, dtype=np.int64),
