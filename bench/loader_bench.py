@@ -117,11 +117,13 @@ def _make_images(root: Path, n: int) -> None:
 
 # -- cases (each runs in its own process) ------------------------------------------------------
 def _stoker_w1_loader(d: Path, workers: int, row_major: bool | str = "auto",
-                      mode: str | None = None, shuffle: bool = True) -> Any:
+                      mode: str | None = None, shuffle: bool = True,
+                      persistent: bool = False) -> Any:
     from stoker.loader import DataLoader, ReadOptions, WorkerOptions
 
     return DataLoader(d / "stoker", batch_size=W1_BATCH, shuffle=shuffle, seed=0,
                       num_workers=workers, columns=["seq", "label"],
+                      persistent_workers=persistent and workers > 0,
                       read=ReadOptions(features=FEATURES, categoricals=CATS,
                                        row_major=row_major),
                       workers=WorkerOptions(mode=mode))

@@ -11,7 +11,10 @@ reports medians:
   (an empty records directory: the node has never read the data), *second run* (the same
   configuration's first run, untimed, just before: what a user who always runs that
   configuration gets the next time) and *later run* (the records of every shard on disk: an
-  untimed run waits until they are built and saved); the ceiling
+  untimed run waits until they are built and saved), and *sustained* (the later run's
+  records, one loader with persistent workers reading ``EPOCHS`` epochs in one process: the
+  rate of its last ``STEADY`` epochs, what a long training run gets once started, and of all
+  of them from the loader's construction on); the ceiling
   is Parquet -> NumPy of every column, one core, no shuffle (bench/loader_bench.py's
   ``_ceiling_w1``).
 - W2 (64x64 JPEGs, batch 256): stoker with ``num_workers`` 0/1/2, threads and processes,
@@ -68,9 +71,13 @@ def _decode_ceiling(d: Path, decoder: str) -> Iterator[Any]:
         yield {"label": np.empty(len(blobs)), "jpg": pixels}
 
 
+EPOCHS = 10  # epochs of a sustained case
+STEADY = 3  # its last epochs, whose median rate is the steady one
+
+
 def cases(images: bool) -> list[str]:
     out = []
-    for run in ("first", "second", "later"):
+    for run in ("first", "second", "later", "sustained"):
         for shuffle in ("on", "off"):
             for mode in ("thread", "process"):
                 for workers in (0, 1, 2):
@@ -100,6 +107,8 @@ def run_case(name: str, data: Path) -> dict[str, float]:
     t0 = time.perf_counter()
     if run == "records":
         return _records(d, shuffle == "shuffle on")
+    if run == "sustained":
+        return _sustained(d, int(workers), mode, shuffle == "shuffle on", t0)
     if run == "ceiling":
         it = lb._ceiling_w1(d) if workload == "w1" else _decode_ceiling(d, shuffle)
     elif workload == "w1":
@@ -111,6 +120,25 @@ def run_case(name: str, data: Path) -> dict[str, float]:
         n += len(b["label"])
     seconds = time.perf_counter() - t0
     return {"samples": n, "seconds": seconds, "samples_per_s": n / seconds}
+
+
+def _sustained(d: Path, workers: int, mode: str, shuffle: bool, t0: float) -> dict[str, float]:
+    """``EPOCHS`` epochs of one loader (persistent workers): ``samples_per_s``, the median
+    rate of the last ``STEADY``; ``overall``, every epoch's rows over the time since ``t0``
+    (construction, start-up and any kernel switch included)."""
+    loader = lb._stoker_w1_loader(d, workers, mode=mode, shuffle=shuffle, persistent=True)
+    rates, n = [], 0
+    for epoch in range(EPOCHS):
+        loader.set_epoch(epoch)
+        start, rows = time.perf_counter(), 0
+        for b in loader:
+            rows += len(b["label"])
+        rates.append(rows / (time.perf_counter() - start))
+        n += rows
+    seconds = time.perf_counter() - t0
+    loader.close()
+    return {"samples": n, "seconds": seconds, "samples_per_s": statistics.median(rates[-STEADY:]),
+            "overall": n / seconds}
 
 
 def _records(d: Path, shuffle: bool) -> dict[str, float]:
@@ -151,15 +179,19 @@ def table(medians: dict[str, float]) -> str:
               f"{ceiling:,.0f} rows/s):", "",
               "| run | shuffle | mode | 0 workers | 1 worker | 2 workers |",
               "|---|---|---|---:|---:|---:|"]
-    for run in ("first", "second", "later"):
+    rows = [(run, run) for run in ("first", "second", "later")] + \
+        [(f"sustained: last {STEADY} of {EPOCHS} epochs", "sustained"),
+         (f"sustained: all {EPOCHS} epochs", "sustained#overall")]
+    for label, run in rows:
         for shuffle in ("on", "off"):
             for mode in ("thread", "process"):
                 cells = []
                 for workers in (0, 1, 2):
-                    key = f"w1/{run}/shuffle {shuffle}/{mode if workers else 'thread'}/{workers}"
-                    v = medians[key]
+                    case, _, part = run.partition("#")
+                    key = f"w1/{case}/shuffle {shuffle}/{mode if workers else 'thread'}/{workers}"
+                    v = medians[key + ("#" + part if part else "")]
                     cells.append(f"{v:,.0f} ({v / ceiling:.2f}x)")
-                lines.append(f"| {run} | {shuffle} | {mode} | " + " | ".join(cells) + " |")
+                lines.append(f"| {label} | {shuffle} | {mode} | " + " | ".join(cells) + " |")
     if "w2/ceiling/PIL/-/1" in medians:
         pil, sj = medians["w2/ceiling/PIL/-/1"], medians["w2/ceiling/simplejpeg/-/1"]
         lines += ["", f"W2 images/s, shuffle on (decode ceilings of one core: Pillow {pil:,.0f}, "
@@ -195,10 +227,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.images:
         _spawn("w2/later/shuffle on/thread/0", data, records)
     runs: dict[str, list[float]] = {n: [] for n in names}
+    runs.update({n + "#overall": [] for n in names if "/sustained/" in n})
     try:
         for r in range(args.repeats):
             for n in names:
-                runs[n].append(_spawn(n, data, records)["samples_per_s"])
+                got = _spawn(n, data, records)
+                runs[n].append(got["samples_per_s"])
+                if "overall" in got:
+                    runs[n + "#overall"].append(got["overall"])
                 print(f"[{r + 1}/{args.repeats}] {n}: {runs[n][-1]:,.0f}/s", file=sys.stderr)
     finally:
         shutil.rmtree(records, ignore_errors=True)
@@ -209,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     text = (f"{cmd} — {platform.machine()}, {os.cpu_count()} cores, load average "
             f"{load[0]:.1f}/{load[1]:.1f} at the end, Python {platform.python_version()}; "
             f"W1 {args.rows:,} rows; medians of {args.repeats} fresh processes per case, "
-            "interleaved; timed from the loader's construction to the end of the epoch.\n\n"
+            "interleaved; timed from the loader's construction to the end of the epoch "
+            "(sustained: see the module's docstring).\n\n"
             + table(medians) + "\n")
     print(text)
     if args.write:
