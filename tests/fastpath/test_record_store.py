@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from fastpath_helpers import record_table, write_dataset  # noqa: E402
 from stoker.loader import DataLoader, ReadOptions  # noqa: E402
 from stoker.loader.fallbacks import collecting  # noqa: E402
 from stoker.loader.read.arrow import ArrowSource  # noqa: E402
+from stoker.loader.fastpath import rowmajor, shard_records  # noqa: E402
 from stoker.loader.fastpath.record_store import RecordStore, default_dir  # noqa: E402
 from stoker.manifest import Manifest  # noqa: E402
 
@@ -80,6 +82,27 @@ def test_second_process_maps_the_records_the_first_saved(dataset: Manifest,
     assert all(_file_backed(r) for r in second._records._records.values())
     assert [f.stat().st_mtime_ns >= t for f, t in zip(_files(tmp_path), stamps)] == [True] * 3
     assert len(_files(tmp_path)) == 3  # mapped, not written again
+
+
+def test_waiting_waits_for_every_build_of_every_builder(dataset: Manifest, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records build on several threads (shard_records._BUILDERS): waiting for them returns
+    once the slowest build is saved, not when one builder thread is idle again."""
+    real = rowmajor.build
+
+    def slow_first(layout: Any, data: Any, *args: Any, **kwargs: Any) -> np.ndarray:
+        if int(data.starts[-1]) == 60:  # shard 0: the other shards build meanwhile
+            time.sleep(0.5)
+        return real(layout, data, *args, **kwargs)
+
+    monkeypatch.setattr(rowmajor, "build", slow_first)
+    assert shard_records._BUILDERS >= 2
+    src = _source(dataset, tmp_path)
+    src.fetch(IDS)
+    src.wait_row_major()
+    assert len(_files(tmp_path)) == 3
+    assert sorted(src._records._records) == [0, 1, 2]
+    assert all(_file_backed(r) for r in src._records._records.values())
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
