@@ -183,7 +183,6 @@ class ArrowSource:
         self._warm = ((warm.plan_key(self._plan, records) if self._warm_later else
                        warm.start(self._plan, schema, records)), self._plan, schema, records) \
             if self._plan is not None and not self.numba_free else None
-
         self._threads_since: float | None = None  # a thread worker's first group (_ask_jit)
         self._jit_asked = False
 

@@ -145,30 +145,37 @@ print(json.dumps({"digest": h.hexdigest(), "numba": "numba" in sys.modules,
 """
 
 
-def _run_epoch(root: Path, records: Path, workers: int = 0, **env: str) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-c", _EPOCH, str(root), str(workers)], check=True,
-                         text=True,
-                         capture_output=True,
+@pytest.fixture
+def three_shards(tmp_path: Path) -> Path:
+    """A dataset of three shards whose outputs all fit row-major records."""
+    sizes = [300, 200, 250]
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    manifest = write_dataset(tmp_path / "data", [record_table(n, int(s), i) for i, (n, s)
+                                                 in enumerate(zip(sizes, starts))],
+                             batch_rows=32)
+    return Path(manifest.root)
+
+
+def _run(script: str, root: Path, records: Path, workers: int = 0, **env: str
+         ) -> dict[str, Any]:
+    """``script`` in a fresh process over ``root``, its records in ``records``: its JSON."""
+    out = subprocess.run([sys.executable, "-c", script, str(root), str(workers)], check=True,
+                         text=True, capture_output=True,
                          env={**os.environ, "STOKER_ROW_MAJOR_DIR": str(records), **env})
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("workers", [0, 2], ids=["no workers", "2 thread workers"])
 def test_a_run_of_stored_records_never_imports_numba(built: str, tmp_path: Path,
-                                                     workers: int) -> None:
-    sizes = [300, 200, 250]
-    starts = np.concatenate([[0], np.cumsum(sizes)])
-    manifest = write_dataset(tmp_path / "data", [record_table(n, int(s), i) for i, (n, s)
-                                                 in enumerate(zip(sizes, starts))],
-                             batch_rows=32)
+                                                     three_shards: Path, workers: int) -> None:
     records = tmp_path / "records"
-    first = _run_epoch(Path(manifest.root), records, STOKER_AOT="off")  # builds, saves
+    first = _run(_EPOCH, three_shards, records, STOKER_AOT="off")  # builds, saves
     assert first["numba"]
-    ahead = _run_epoch(Path(manifest.root), records, workers, STOKER_AOT="on",
-                       STOKER_AOT_DIR=built, STOKER_COLD_START="fallback")
+    ahead = _run(_EPOCH, three_shards, records, workers, STOKER_AOT="on",
+                 STOKER_AOT_DIR=built, STOKER_COLD_START="fallback")
     assert not ahead["numba"] and ahead["digest"] == first["digest"]
     assert "compiling" not in ahead["fallbacks"]
-    jit = _run_epoch(Path(manifest.root), records, STOKER_AOT="off")  # the stored records
+    jit = _run(_EPOCH, three_shards, records, STOKER_AOT="off")  # the stored records
     assert jit["numba"] and jit["digest"] == first["digest"]
 
 
@@ -186,7 +193,7 @@ loader = DataLoader(sys.argv[1], batch_size=16, shuffle=True, seed=4, columns=["
                     num_workers=int(sys.argv[2]), persistent_workers=int(sys.argv[2]) > 0,
                     read=ReadOptions(features=["f0", "f1"], categoricals=["c0"], row_major=True),
                     workers=WorkerOptions(mode="thread"))
-digests, gathers = [], []
+digests, asks = [], []
 for epoch in range(2):
     loader.set_epoch(epoch)
     asked.clear()
@@ -196,40 +203,29 @@ for epoch in range(2):
             h.update(key.encode() + batch[key].numpy().tobytes())
     digests.append(h.hexdigest())
     # the kernels compiled ahead of time asked for: the gather's, the order's
-    gathers.append([asked.count("record_gather"), asked.count("order_range")])
+    asks.append([asked.count("record_gather"), asked.count("order_range")])
     warmup.wait()
 loader._source.wait_row_major()
 loader.close()
-print(json.dumps({"digests": digests, "aot_gathers": gathers, "grouped":
+print(json.dumps({"digests": digests, "asked": asks, "grouped":
                   loader._source.batches_grouped,
                   "jit": record_table.compiled(record_table._gather)}))
 """
 
 
 def test_thread_workers_switch_to_the_jit_gather_and_no_byte_changes(
-        built: str, tmp_path: Path) -> None:
+        built: str, tmp_path: Path, three_shards: Path) -> None:
     """Thread workers serving stored records through the gather compiled ahead of time (which
     holds the GIL) load its JIT twin and use it from then on; both epochs give the bytes of a
     run that never had the module."""
-    sizes = [300, 200, 250]
-    starts = np.concatenate([[0], np.cumsum(sizes)])
-    manifest = write_dataset(tmp_path / "data", [record_table(n, int(s), i) for i, (n, s)
-                                                 in enumerate(zip(sizes, starts))],
-                             batch_rows=32)
     records = tmp_path / "records"
-
-    def run(workers: int, **env: str) -> dict[str, Any]:
-        out = subprocess.run([sys.executable, "-c", _EPOCHS, str(manifest.root), str(workers)],
-                             check=True, text=True, capture_output=True,
-                             env={**os.environ, "STOKER_ROW_MAJOR_DIR": str(records), **env})
-        return json.loads(out.stdout.strip().splitlines()[-1])
-
-    jit = run(0, STOKER_AOT="off")  # builds and saves the records; JIT kernels only
+    ahead = {"STOKER_AOT": "on", "STOKER_AOT_DIR": built, "STOKER_COLD_START": "fallback"}
+    jit = _run(_EPOCHS, three_shards, records, STOKER_AOT="off")  # builds, saves; JIT only
     assert jit["digests"][0] != jit["digests"][1]  # two epochs, two orders
-    switched = run(2, STOKER_AOT="on", STOKER_AOT_DIR=built, STOKER_COLD_START="fallback")
+    switched = _run(_EPOCHS, three_shards, records, 2, **ahead)
     assert switched["digests"] == jit["digests"]
     assert switched["grouped"] > 0 and switched["jit"]
-    assert min(switched["aot_gathers"][0]) > 0 and switched["aot_gathers"][1] == [0, 0]
-    alone = run(0, STOKER_AOT="on", STOKER_AOT_DIR=built, STOKER_COLD_START="fallback")
+    assert min(switched["asked"][0]) > 0 and switched["asked"][1] == [0, 0]
+    alone = _run(_EPOCHS, three_shards, records, **ahead)
     assert alone["digests"] == jit["digests"]
-    assert not alone["jit"] and min(alone["aot_gathers"][1]) > 0  # no workers: no switch
+    assert not alone["jit"] and min(alone["asked"][1]) > 0  # no workers: no switch
