@@ -320,11 +320,33 @@ def test_a_group_gathered_into_a_borrowed_slot_is_sent_without_a_copy() -> None:
     ring.close()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64, torch.int8,
+                                   torch.int16, torch.int32, torch.int64, torch.uint8,
+                                   torch.bool, torch.complex64, torch.complex128], ids=str)
+def test_a_group_keeps_every_dtype_and_shape(dtype: torch.dtype) -> None:
+    """A group's layout names each tensor's NumPy dtype and shape from the tensor itself
+    (put_group makes no array for a tensor already in the slot): same values back."""
+    ring = Ring(slots=2, slot_bytes=1 << 16, leases=2)
+    region = ring.borrow()
+    assert region is not None
+    values = torch.arange(24).reshape(2, 3, 4).to(dtype)
+    inside = torch.from_numpy(region.array("x", (2, 3, 4), values.numpy().dtype))
+    inside.copy_(values)
+    item = ((0, 0), Answer({"x": inside, "y": values[1]}, [0], {}))  # in the slot, copied in
+    back = ring.loads(ring.put_group([(item, ring.plain(item))], region))
+    batch = back[0][1].batch
+    assert batch["x"].dtype == dtype and batch["x"].shape == (2, 3, 4)
+    assert batch["x"].numpy().tobytes() == values.numpy().tobytes()
+    assert batch["y"].dtype == dtype and batch["y"].numpy().tobytes() == values[1].numpy().tobytes()
+    del back, batch
+    ring.close()
+
+
 def test_a_borrowed_slot_too_small_for_the_group_is_given_back() -> None:
     ring = Ring(slots=2, slot_bytes=1 << 12, leases=2)
     region = ring.borrow()
     big = region.array("x", (1020,), np.float32)  # past the slot after its header: private
-    assert region.offset_of(big) is None
+    assert region.offset_at(big.__array_interface__["data"][0], big.nbytes) is None
     item = (0, Answer({"x": torch.from_numpy(big)}, None, {}))
     assert ring.put_group([(item, ring.plain(item))], region) is None
     ring.give_back(region)
