@@ -195,8 +195,9 @@ class Ring:
                   region: Region) -> bytes | None:
         """One message for several plain answers (a group task's batches, each with its
         :meth:`plain` tensors) in ``region``'s slot: tensors already in it stay where they
-        are (found by address: no NumPy array is made for them), the others are copied in. ``None`` when they do not fit (the caller then
-        :meth:`put`s each and gives ``region`` back).
+        are (found by address: no NumPy array is made for them), the others are copied in.
+        ``None`` when they do not fit (the caller then :meth:`put`s each and gives
+        ``region`` back).
 
         Per batch, a message cost the worker a pipe write (~30 us) and the consumer a poll,
         a read and a rebuild; with two process workers on two cores the consumer was the

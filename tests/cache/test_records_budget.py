@@ -16,6 +16,7 @@ import pytest
 
 from stoker.cache import ShardCache
 from stoker.cache.lock import FileLock
+from stoker.cache.store.derived import DerivedFiles
 from stoker.loader import CacheOptions, DataLoader, ReadOptions
 from stoker.manifest import Manifest
 
@@ -164,6 +165,27 @@ def test_a_record_file_being_written_counts_and_goes_before_a_shard(dataset,
         writer.release()
     assert not writing.exists()
     assert stats.evictions == 0 and stats.derived_evictions == 1
+
+
+def test_a_write_published_after_the_scan_is_deleted_as_its_record_file(tmp_path: Path) -> None:
+    """Eviction lists a file being written; its writer (holding no budget lock) renames it to
+    its record file before the eviction deletes it: the record file goes, so the bytes
+    counted as freed are freed."""
+    files = DerivedFiles(str(tmp_path))
+    name = "abc.k1.rec"
+    writer = FileLock(str(tmp_path / f"{name}.lock"))  # a live writer: not an orphan
+    assert writer.acquire(timeout=0)
+    try:
+        temp = files.temp(name, 5000)
+        Path(temp).write_bytes(b"x" * 5000)
+        records, writing = files.scan()
+        assert records == [] and [size for _, size, _ in writing] == [5000]
+        os.replace(temp, tmp_path / name)  # published between the scan and the eviction
+        used, deleted = files.evict(5000, 10, 5000, writing)
+    finally:
+        writer.release()
+    assert (used, deleted) == (0, 1)
+    assert not (tmp_path / name).exists() and not Path(temp).exists()
 
 
 _RUN = r"""
