@@ -126,8 +126,8 @@ class DerivedFiles:
         """Delete a record file or a file being written. A write in progress may have been
         published since the scan that listed it (renamed to its record file: its writer holds
         no budget lock): then its record file holds the bytes the caller counts as freed, and
-        goes instead (without this, a shard admitted into that room overran the limit by one
-        record file: tests/cache/test_records_budget.py, about 1 run in 10)."""
+        goes instead; otherwise a shard admitted into that room would overrun the limit by one
+        record file."""
         try:
             os.unlink(path)
         except FileNotFoundError:
