@@ -188,6 +188,32 @@ def test_a_write_published_after_the_scan_is_deleted_as_its_record_file(tmp_path
     assert not (tmp_path / name).exists() and not Path(temp).exists()
 
 
+def test_a_write_published_while_listed_still_counts(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file being written that its writer publishes between the directory's listing and
+    the look at the file counts as its record file, not as nothing."""
+    files = DerivedFiles(str(tmp_path))
+    name = "abc.k1.rec"
+    writer = FileLock(str(tmp_path / f"{name}.lock"))  # a live writer: not an orphan
+    assert writer.acquire(timeout=0)
+    try:
+        temp = files.temp(name, 5000)
+        Path(temp).write_bytes(b"x" * 5000)
+        real = os.scandir
+
+        def listed_then_published(path: str) -> list[os.DirEntry[str]]:
+            entries = list(real(path))
+            os.replace(temp, tmp_path / name)  # the writer publishes right after the listing
+            return entries
+
+        monkeypatch.setattr("stoker.cache.store.derived.os.scandir", listed_then_published)
+        records, writing = files.scan()
+    finally:
+        writer.release()
+    assert writing == [] and [(size, path) for _, size, path in records] == \
+        [(5000, str(tmp_path / name))]
+
+
 _RUN = r"""
 import json, sys
 from pathlib import Path
