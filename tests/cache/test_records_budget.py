@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -167,51 +168,54 @@ def test_a_record_file_being_written_counts_and_goes_before_a_shard(dataset,
     assert stats.evictions == 0 and stats.derived_evictions == 1
 
 
-def test_a_write_published_after_the_scan_is_deleted_as_its_record_file(tmp_path: Path) -> None:
+_NAME = "abc.k1.rec"
+
+
+@pytest.fixture
+def writing(tmp_path: Path) -> Iterator[tuple[DerivedFiles, str]]:
+    """A records directory with one file being written (5,000 bytes, reserved and written)
+    by a live writer (its lock held: not an orphan): ``(files, temp path)``."""
+    files = DerivedFiles(str(tmp_path))
+    writer = FileLock(str(tmp_path / f"{_NAME}.lock"))
+    assert writer.acquire(timeout=0)
+    try:
+        temp = files.temp(_NAME, 5000)
+        Path(temp).write_bytes(b"x" * 5000)
+        yield files, temp
+    finally:
+        writer.release()
+
+
+def test_a_write_published_after_the_scan_is_deleted_as_its_record_file(
+        writing: tuple[DerivedFiles, str], tmp_path: Path) -> None:
     """Eviction lists a file being written; its writer (holding no budget lock) renames it to
     its record file before the eviction deletes it: the record file goes, so the bytes
     counted as freed are freed."""
-    files = DerivedFiles(str(tmp_path))
-    name = "abc.k1.rec"
-    writer = FileLock(str(tmp_path / f"{name}.lock"))  # a live writer: not an orphan
-    assert writer.acquire(timeout=0)
-    try:
-        temp = files.temp(name, 5000)
-        Path(temp).write_bytes(b"x" * 5000)
-        records, writing = files.scan()
-        assert records == [] and [size for _, size, _ in writing] == [5000]
-        os.replace(temp, tmp_path / name)  # published between the scan and the eviction
-        used, deleted = files.evict(5000, 10, 5000, writing)
-    finally:
-        writer.release()
-    assert (used, deleted) == (0, 1)
-    assert not (tmp_path / name).exists() and not Path(temp).exists()
+    files, temp = writing
+    records, listed = files.scan()
+    assert records == [] and [size for _, size, _ in listed] == [5000]
+    os.replace(temp, tmp_path / _NAME)  # published between the scan and the eviction
+    assert files.evict(5000, 10, 5000, listed) == (0, 1)
+    assert not (tmp_path / _NAME).exists() and not Path(temp).exists()
 
 
-def test_a_write_published_while_listed_still_counts(tmp_path: Path,
+def test_a_write_published_while_listed_still_counts(writing: tuple[DerivedFiles, str],
+                                                     tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A file being written that its writer publishes between the directory's listing and
     the look at the file counts as its record file, not as nothing."""
-    files = DerivedFiles(str(tmp_path))
-    name = "abc.k1.rec"
-    writer = FileLock(str(tmp_path / f"{name}.lock"))  # a live writer: not an orphan
-    assert writer.acquire(timeout=0)
-    try:
-        temp = files.temp(name, 5000)
-        Path(temp).write_bytes(b"x" * 5000)
-        real = os.scandir
+    files, temp = writing
+    real = os.scandir
 
-        def listed_then_published(path: str) -> list[os.DirEntry[str]]:
-            entries = list(real(path))
-            os.replace(temp, tmp_path / name)  # the writer publishes right after the listing
-            return entries
+    def listed_then_published(path: str) -> list[os.DirEntry[str]]:
+        entries = list(real(path))
+        os.replace(temp, tmp_path / _NAME)  # the writer publishes right after the listing
+        return entries
 
-        monkeypatch.setattr("stoker.cache.store.derived.os.scandir", listed_then_published)
-        records, writing = files.scan()
-    finally:
-        writer.release()
-    assert writing == [] and [(size, path) for _, size, path in records] == \
-        [(5000, str(tmp_path / name))]
+    monkeypatch.setattr("stoker.cache.store.derived.os.scandir", listed_then_published)
+    records, listed = files.scan()
+    assert listed == [] and [(size, path) for _, size, path in records] == \
+        [(5000, str(tmp_path / _NAME))]
 
 
 _RUN = r"""
