@@ -78,7 +78,9 @@ class DerivedFiles:
                 st = entry.stat()
             except FileNotFoundError:
                 published = self._published(entry.name)
-                if published is not None:
+                # a listing taken across the rename may hold both names: count it once
+                if published is not None and \
+                        os.path.basename(published[2]) not in {e.name for e in entries}:
                     files.append(published)
                 continue
             if not entry.name.startswith(TEMP_PREFIX):
