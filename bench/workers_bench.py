@@ -182,17 +182,17 @@ def table(medians: dict[str, float]) -> str:
               f"{ceiling:,.0f} rows/s):", "",
               "| run | shuffle | mode | 0 workers | 1 worker | 2 workers |",
               "|---|---|---|---:|---:|---:|"]
-    rows = [(run, run) for run in ("first", "second", "later")] + \
-        [(f"sustained: last {STEADY} of {EPOCHS} epochs", "sustained"),
-         (f"sustained: all {EPOCHS} epochs", "sustained#overall")]
-    for label, run in rows:
+    # (label, run, suffix of the medians' key: "#overall" is a sustained case's second figure)
+    rows = [(run, run, "") for run in ("first", "second", "later")] + \
+        [(f"sustained: last {STEADY} of {EPOCHS} epochs", "sustained", ""),
+         (f"sustained: all {EPOCHS} epochs", "sustained", "#overall")]
+    for label, run, suffix in rows:
         for shuffle in ("on", "off"):
             for mode in ("thread", "process"):
                 cells = []
                 for workers in (0, 1, 2):
-                    case, _, part = run.partition("#")
-                    key = f"w1/{case}/shuffle {shuffle}/{mode if workers else 'thread'}/{workers}"
-                    v = medians[key + ("#" + part if part else "")]
+                    key = f"w1/{run}/shuffle {shuffle}/{mode if workers else 'thread'}/{workers}"
+                    v = medians[key + suffix]
                     cells.append(f"{v:,.0f} ({v / ceiling:.2f}x)")
                 lines.append(f"| {label} | {shuffle} | {mode} | " + " | ".join(cells) + " |")
     if "w2/ceiling/PIL/-/1" in medians:

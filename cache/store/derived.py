@@ -107,15 +107,20 @@ class DerivedFiles:
         it: it holds no budget lock), or ``None``. Not counting it undercounted the directory
         by one record file, and a shard admitted into that room overran the limit by as much
         (tests/cache/test_records_budget.py's two processes, about 1 run in 10)."""
-        m = _TEMP.match(temp_name)
-        if m is None:
+        path = self._record_of(temp_name)
+        if path is None:
             return None
-        path = os.path.join(self.root, m.group(2))
         try:
             st = os.stat(path)
         except FileNotFoundError:  # deleted, not published
             return None
         return st.st_mtime, st.st_size, path
+
+    def _record_of(self, temp_name: str) -> str | None:
+        """The path of the record file the temp file ``temp_name`` writes (``None``: not a
+        temp file with a reservation in its name)."""
+        m = _TEMP.match(temp_name)
+        return None if m is None else os.path.join(self.root, m.group(2))
 
     def temp(self, name: str, nbytes: int) -> str:
         """Create (empty) the temporary file that writes ``name``, reserving ``nbytes``; the
@@ -151,15 +156,15 @@ class DerivedFiles:
         try:
             os.unlink(path)
         except FileNotFoundError:
-            m = _TEMP.match(os.path.basename(path))
-            if m is not None:
-                Path(os.path.join(self.root, m.group(2))).unlink(missing_ok=True)
+            record = self._record_of(os.path.basename(path))
+            if record is not None:
+                Path(record).unlink(missing_ok=True)
 
     def _orphan(self, name: str, mtime: float) -> bool:
-        m = _TEMP.match(name)
-        if m is None:
+        record = self._record_of(name)
+        if record is None:
             return time.time() - mtime > _ORPHAN_AGE
-        lock = FileLock(os.path.join(self.root, m.group(2) + ".lock"))
+        lock = FileLock(record + ".lock")
         if not lock.acquire(timeout=0):
             return False  # its writer is alive
         lock.release()

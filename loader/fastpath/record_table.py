@@ -186,9 +186,10 @@ class RecordTable:
                 return {}, np.arange(n, dtype=np.int64), np.empty(0, dtype=np.int64)
             arrays = {f.name: slot.array(f.name, (n, f.width), f.dtype) for f in fields}
             outs = [arrays[f.name].view(np.uint8) for f in fields]
-            gather = None if jit or compiled(_gather) else aot.function("record_gather")
+            loaded = compiled(_gather)
+            gather = None if jit or loaded else aot.function("record_gather")
             if gather is None and (numpy or (not kernel and warmup.first_call("gather")
-                                             and not compiled(_gather))):
+                                             and not loaded)):
                 missing_, touched_ = self._gather_numpy(ids, starts, fields, outs)
                 return arrays, missing_, touched_
             missing = np.empty(n, dtype=np.int64)

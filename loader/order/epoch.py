@@ -162,9 +162,9 @@ class EpochOrder:
             return np.empty(0, dtype=np.int64)
         # compiled ahead of time: no Numba at all, but it holds the GIL (the JIT kernel, once
         # this process loaded it, gives it up: stoker.loader.fastpath.warm.gather_jit)
-        ahead = None if compiled(_k.order_range) else aot.function("order_range")
-        if ahead is None and (self.numpy_only or
-                              (warmup.warming() and not compiled(_k.order_range))):
+        loaded = compiled(_k.order_range)
+        ahead = None if loaded else aot.function("order_range")
+        if ahead is None and (self.numpy_only or (warmup.warming() and not loaded)):
             return _k.order_at_np(np.arange(start, stop, step, dtype=np.int64),
                                   *self._kernel_args())
         return (ahead or _k.order_range)(np.int64(start), np.int64(stop), np.int64(step),
