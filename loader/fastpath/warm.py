@@ -232,24 +232,7 @@ def _run(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
     if _warm_node():
         aot.build_in_background()
     _order()
-    try:
-        with fork_gate.unit():  # pyarrow's locks must not be held at a worker's fork
-            batches, arena = _tiny_shard(schema, plan.kernel_columns)
-        data = ShardData(batches, arena, plan.kernel_columns)
-        ring = BufferRing(1, False)
-        one = np.zeros(1, dtype=np.int64)
-        slot = ring.acquire()
-        try:
-            layout = rowmajor.RecordLayout.of(plan, batches) if row_major else None
-            if layout is not None:
-                _gather_tiny(layout, slot)
-            plan.run([(data, one, one, one)], 1, slot, lambda cols: {c: None for c in cols})
-            if layout is not None:
-                rowmajor.build(layout, data, layout.misfits(batches))
-        finally:
-            ring.release(slot)
-    except _expected() as exc:  # only a head start; the first batch loads them (or raises)
-        note("warmup_skipped", f"kernels: {type(exc).__name__}: {exc}")
+    _on_tiny_shard(plan, schema, row_major, every=True)
 
 
 def gather_jit(plan: FastPlan, schema: pa.Schema) -> None:
@@ -266,28 +249,34 @@ def gather_jit(plan: FastPlan, schema: pa.Schema) -> None:
 
 def _gather_jit(plan: FastPlan, schema: pa.Schema) -> None:
     _order(jit=True)
+    _on_tiny_shard(plan, schema, True, every=False)
+
+
+def _on_tiny_shard(plan: FastPlan, schema: pa.Schema, row_major: bool, every: bool) -> None:
+    """Call ``plan``'s kernels once on a two-row shard of ``schema``: the records gather's JIT
+    kernel (``row_major``), then, when ``every``, the column kernels and the record builders."""
     try:
-        with fork_gate.unit():
-            batches, _ = _tiny_shard(schema, plan.kernel_columns)
-        layout = rowmajor.RecordLayout.of(plan, batches)
-        if layout is None:
-            return
+        with fork_gate.unit():  # pyarrow's locks must not be held at a worker's fork
+            batches, arena = _tiny_shard(schema, plan.kernel_columns)
+        layout = rowmajor.RecordLayout.of(plan, batches) if row_major else None
         ring = BufferRing(1, False)
+        one = np.zeros(1, dtype=np.int64)
         slot = ring.acquire()
         try:
-            _gather_tiny(layout, slot)
+            if layout is not None:
+                table = RecordTable(layout, 1)
+                table.add(0, np.zeros((2, layout.stride), dtype=np.uint8))
+                table.gather(one, np.array([0, 2], dtype=np.int64), slot, kernel=True,
+                             jit=True)
+            if every:
+                data = ShardData(batches, arena, plan.kernel_columns)
+                plan.run([(data, one, one, one)], 1, slot, lambda cols: {c: None for c in cols})
+                if layout is not None:
+                    rowmajor.build(layout, data, layout.misfits(batches))
         finally:
             ring.release(slot)
-    except _expected() as exc:  # only a head start
-        note("warmup_skipped", f"records gather: {type(exc).__name__}: {exc}")
-
-
-def _gather_tiny(layout: rowmajor.RecordLayout, slot: Any) -> None:
-    """The records gather's JIT kernel, called once on a two-row table of ``layout``."""
-    table = RecordTable(layout, 1)
-    table.add(0, np.zeros((2, layout.stride), dtype=np.uint8))
-    table.gather(np.zeros(1, dtype=np.int64), np.array([0, 2], dtype=np.int64), slot,
-                 kernel=True, jit=True)
+    except _expected() as exc:  # only a head start; the first batch loads them (or raises)
+        note("warmup_skipped", f"kernels: {type(exc).__name__}: {exc}")
 
 
 def _images(options: ImageOptions) -> None:
