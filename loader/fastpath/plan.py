@@ -28,7 +28,7 @@ import torch
 
 from stoker.loader.fastpath import kernels as k
 from stoker.loader.fastpath.images import ImageOptions, decode_into
-from stoker.loader.fastpath.ipc_meta import IpcLayout, read_layout
+from stoker.loader.fastpath.ipc_meta import FileBatches, IpcLayout, batch_rows, read_layout
 from stoker.loader.fastpath.ring import BufferRing, Slot
 from stoker.manifest import ShardIntegrityError
 
@@ -162,11 +162,14 @@ class ShardData:
     def __init__(self, batches: Sequence[pa.RecordBatch], arena: pa.Buffer | None,
                  columns: Sequence[str]) -> None:
         loc = _Locator(arena)
-        rows = [b.num_rows for b in batches]
+        rows = batch_rows(batches)
         self.starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)]).astype(np.int64)
         # a memory-mapped IPC file lists every buffer's place itself: all columns' metadata
         # for all record batches at once (stoker.loader.fastpath.ipc_meta)
-        layout = None if arena is None else read_layout(arena, batches[0].schema)
+        if isinstance(batches, FileBatches) and arena is not None:
+            layout: IpcLayout | None = batches.layout  # read from this arena's file
+        else:
+            layout = None if arena is None else read_layout(arena, batches[0].schema)
         if layout is not None and not np.array_equal(layout.rows, rows):
             layout = None  # not the file these batches were read from: ask pyarrow
         self.meta: dict[str, np.ndarray] = _ColumnMeta(batches, loc, layout)
@@ -239,7 +242,9 @@ class _ColumnMeta(dict):  # type: ignore[type-arg]
         self._batches, self._loc, self._layout = batches, loc, layout
 
     def __missing__(self, name: str) -> np.ndarray:
-        t = self._batches[0].schema.field(name).type
+        batches = self._batches
+        schema = batches.schema if isinstance(batches, FileBatches) else batches[0].schema
+        t = schema.field(name).type
         value = self[name] = _column_meta(self._batches, name, self._loc) \
             if self._layout is None or _kind(t) == "arrow" else _layout_meta(self._layout, name, t)
         return value

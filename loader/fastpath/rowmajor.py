@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from stoker.loader.fastpath import kernels as k
+from stoker.loader.fastpath.ipc_meta import FileBatches
 from stoker.loader.fastpath.ring import fresh_pages
 
 if TYPE_CHECKING:
@@ -101,6 +102,8 @@ def _list_width(batches: Sequence[pa.RecordBatch], name: str) -> int:
     ~0.1 s of a process's start (it writes the docstrings of every compute function)."""
     if not batches:
         return 0
+    if isinstance(batches, FileBatches) and (width := batches.list_width(name)) is not None:
+        return width  # from the file's offsets, no record batch read
     column = pa.chunked_array([b.column(name) for b in batches])
     if column.null_count or not len(column):
         return 0

@@ -101,7 +101,7 @@ class ShardRecords:
         self._waiting: dict[int, tuple[ShardData, list[str], str, int]] = {}
         self._next_look = 0.0
         self._any_stored: bool | None = None  # see stored()
-        self._builds: set[Future[Any]] = set()  # builds submitted and not finished (wait)
+        self._builds: dict[Future[Any], int] = {}  # builds not finished -> their shard
 
     @property
     def nbytes(self) -> int:
@@ -173,13 +173,25 @@ class ShardRecords:
         build = self._pools()[0].submit(warm.after_first_batch, _gated, self._get, index, data,
                                         misfits, name)
         with self._lock:
-            self._builds.add(build)
+            self._builds[build] = index
         build.add_done_callback(self._built)
         return False
 
     def _built(self, build: Future[Any]) -> None:
         with self._lock:
-            self._builds.discard(build)
+            self._builds.pop(build, None)
+
+    def wait_built(self, shards: np.ndarray) -> bool:
+        """Wait until this process's builds of ``shards``' records in progress are done;
+        whether there were any (their records then serve, or a failed build fell back). A
+        forked worker's copies of its parent's builds are not its own: they never finish."""
+        wanted = set(shards.tolist())
+        with self._lock:
+            if self._pool is None or self._pool[0] != os.getpid():
+                return False
+            builds = [b for b, index in self._builds.items() if index in wanted]
+        futures.wait(builds)
+        return bool(builds)
 
     def _serves_all(self) -> bool:
         """Whether records serve every output of the plan (no column is read for a batch)."""
@@ -374,6 +386,7 @@ class ShardRecords:
                 self._pool = (os.getpid(),
                               ThreadPoolExecutor(_BUILDERS, thread_name_prefix="stoker-rowmajor"),
                               ThreadPoolExecutor(1, thread_name_prefix="stoker-rowmajor-save"))
+                self._builds = {}  # a forked child's copies of its parent's: never finish
             return self._pool[1], self._pool[2]
 
 

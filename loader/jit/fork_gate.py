@@ -32,6 +32,7 @@ _cond = threading.Condition()
 _running = 0  # units in progress
 _forking = 0  # quiet() blocks in progress (nested or concurrent forks)
 _hooked: list[bool] = []
+_inside = threading.local()  # .depth: units and quiet blocks this thread is inside
 
 
 def _hook() -> None:
@@ -48,21 +49,25 @@ def _reset_in_child() -> None:
     _cond = threading.Condition()
     _running = 0
     _forking = 0
+    _inside.depth = 0
 
 
 @contextlib.contextmanager
 def unit() -> Iterator[None]:
     """A stretch of background work that a fork must not split; waits while a fork is in
-    progress."""
+    progress, unless this thread is inside a unit already (the fork waits for that one) or
+    is the forking thread itself (inside :func:`quiet`: its unit ends before its fork)."""
     global _running
     with _cond:
         _hook()
-        while _forking:
+        while _forking and not _depth():
             _cond.wait()
         _running += 1
+    _inside.depth = _depth() + 1
     try:
         yield
     finally:
+        _inside.depth -= 1
         with _cond:
             _running -= 1
             _cond.notify_all()
@@ -89,12 +94,19 @@ def quiet(timeout: float = 60.0) -> Iterator[bool]:
             _forking -= 1
             _cond.notify_all()
             raise
+    _inside.depth = _depth() + 1
     try:
         yield calm
     finally:
+        _inside.depth -= 1
         with _cond:
             _forking -= 1
             _cond.notify_all()
+
+
+def _depth() -> int:
+    """Units and quiet blocks this thread is inside."""
+    return getattr(_inside, "depth", 0)
 
 
 def running() -> int:

@@ -149,6 +149,9 @@ class ArrowSource:
         self._ring = BufferRing(ring_depth, pin)
         self._group_skip = (0, 0)  # (records then, groups left to decline): fetch_group
         self.batches_grouped = 0  # batches fetch_group served
+        self._gathered = False  # a batch was gathered (the next ones may wait for records)
+        self.records_waits = 0  # batches that waited for records being built (and seconds)
+        self.records_wait_s = 0.0
         self._local = opener is None  # shards read in place, not through a cache
         self._opener = opener or self._local_opener
         self._lock = threading.Condition()
@@ -593,9 +596,39 @@ class ArrowSource:
         forked worker mapped records another process saved meanwhile (ShardRecords.look)."""
         filled, positions = self._gather_once(ids, slot, numpy)
         if len(positions) and (self._open_shards_of(ids[positions]) or
-                               (self._rm is not None and self._rm.look())):
+                               (self._rm is not None and self._rm.look()) or
+                               self._wait_for_records(ids[positions])):
             filled, positions = self._gather_once(ids, slot, numpy)
+        if not self._gathered:  # the builds held back for a first batch start now
+            self._gathered = True
+            warm.served()
         return filled, positions
+
+    def _wait_for_records(self, ids: np.ndarray) -> bool:
+        """Whether rows ``ids`` of a shuffled batch, without records, waited for the records
+        of their shards that this process is building.
+
+        A shuffled batch gathers its rows one by one, and from the columns each row costs a
+        cache miss per column: 0.45 M W1 rows/s on a node's first run, on the core the
+        builders need, against ~2 M rows/s per builder thread and ~5 M from the records
+        (bench/RESULTS.md). So from the second batch on, a shuffled batch waits for the
+        builds of its shards in progress (every batch after it would wait for the same
+        builds). Not the first batch (cold start: it does not wait for a build), not a
+        contiguous run of rows (natural order: a copy per column is fast), not on a node
+        whose kernels must compile (the builds wait for that; batches keep the columns'
+        NumPy twins meanwhile) and not for a build of another process (a forked worker maps
+        saved records as it finds them)."""
+        if self._rm is None or not self._gathered or len(ids) < 2 or \
+                int(ids[-1]) - int(ids[0]) == len(ids) - 1 and bool((np.diff(ids) == 1).all()) \
+                or not warm.usable(kernels.copy_fixed):
+            return False
+        t0 = time.perf_counter()
+        waited = self._rm.wait_built(np.unique(self.locate(ids)[0]))
+        if waited:
+            with self._lock:
+                self.records_waits += 1
+                self.records_wait_s += time.perf_counter() - t0
+        return waited
 
     @property
     def opens_ahead(self) -> bool:
@@ -621,7 +654,7 @@ class ArrowSource:
             self._opened_ahead.update(new)
         for s in new:
             try:
-                self._shards.table(s)
+                self._shards.open(s)
             except (WorkerError, ShardIntegrityError) as exc:  # raised by its batch, in turn
                 note("open_ahead_failed", f"{type(exc).__name__}: {exc}")
 

@@ -27,6 +27,7 @@ import pyarrow as pa
 from stoker.loader.errors import WorkerError
 from stoker.loader.fastpath.advise import (advise_list_offsets, advise_open, advise_random,
                                            advise_whole)
+from stoker.loader.fastpath.ipc_meta import FileBatches, batch_rows
 from stoker.loader.fastpath.plan import NotZeroCopy, ShardData, _kind
 from stoker.manifest import Manifest, ShardIntegrityError
 
@@ -85,7 +86,8 @@ class OpenShards:
         self._on_dropped = dropped
         self._stored = stored
         self._openers = openers
-        self._open: OrderedDict[int, tuple[pa.Table, AbstractContextManager[str]]] = OrderedDict()
+        self._open: OrderedDict[int, tuple[pa.Table | FileBatches, AbstractContextManager[str]]] \
+            = OrderedDict()
         self._opening: set[int] = set()  # shards being opened (pinned) by some thread now
         self.data: dict[int, ShardData | None] = {}
         self.opened_shards: set[int] = set()
@@ -94,7 +96,17 @@ class OpenShards:
         self.random_access = False
 
     def table(self, index: int) -> pa.Table:
-        """Shard ``index`` as a table, opening (and pinning) it if needed.
+        """Shard ``index`` as a table, opening (and pinning) it if needed (see :meth:`open`)."""
+        return self._table_of(self._opened(index))
+
+    def open(self, index: int) -> None:
+        """Open (and pin) shard ``index`` unless it is open, without reading its record
+        batches (see :meth:`_opened`)."""
+        self._opened(index)
+
+    def _opened(self, index: int) -> pa.Table | FileBatches:
+        """Shard ``index``'s table, or its batches read when first asked for, opening (and
+        pinning) it if needed.
 
         Open shards plus shards being opened never exceed ``max_open``: the oldest open shard
         is closed (its cache pin released) *before* a new one is pinned, and concurrent
@@ -148,7 +160,7 @@ class OpenShards:
     def data_of(self, index: int) -> ShardData:
         """Kernel inputs of shard ``index``, opening it if needed; :class:`NotZeroCopy` when
         the shard cannot be read in place (e.g. compressed)."""
-        self.table(index)
+        self.open(index)
         data = self.data.get(index)
         if data is None:
             raise NotZeroCopy(f"shard {index} is not zero-copy")
@@ -162,11 +174,11 @@ class OpenShards:
         if len(closed) > 1 and self._openers > 1:
             with ThreadPoolExecutor(min(len(closed), self._openers),
                                     thread_name_prefix="stoker-open") as pool:
-                for _ in pool.map(self.table, closed):
+                for _ in pool.map(self.open, closed):
                     pass
         else:
             for s in closed:
-                self.table(s)
+                self.open(s)
         return bool(closed)
 
     def touch(self, shards: np.ndarray) -> None:
@@ -199,7 +211,7 @@ class OpenShards:
         self._lock.notify_all()
         return handle
 
-    def _open_shard(self, index: int) -> tuple[pa.Table, ShardData | None,
+    def _open_shard(self, index: int) -> tuple[pa.Table | FileBatches, ShardData | None,
                                                list[pa.RecordBatch], AbstractContextManager[str]]:
         # The opener's context (a cache pin) stays entered while the shard is open here.
         handle = self._opener(index)
@@ -211,24 +223,29 @@ class OpenShards:
             # file (a 249 MB shard 100 % resident after read_all; 3.5 % when advised first)
             lean = not self.random_access and self._stored(index)
             random_advised = (self.random_access or lean) and advise_random(arena)
-            if random_advised:  # what read_all reads next: in flight together, not in turn
+            if random_advised:  # what the layout reads next: in flight together, not in turn
                 advise_open(arena)
-            # one call for all record batches: a call per batch gives the GIL away hundreds of
-            # times, each handoff waiting on a busy thread (0.17 s for W1's 296 during warm-up)
-            full = pa.ipc.open_file(arena).read_all()
-            batches = full.to_batches()
-            self._check_batches(index, batches)
-            table = full.select(self._columns)
+            elif not self.random_access:  # its columns are all read: at the disk's speed
+                advise_whole(arena)
+            # the file's own layout, not pyarrow's record batches: those are read when the
+            # Arrow path asks for them (stoker.loader.fastpath.ipc_meta.FileBatches)
+            batches = FileBatches.open(arena)
+            self._check_batches(index, batch_rows(batches))
+            schema = batches.schema if isinstance(batches, FileBatches) else \
+                pa.Table.from_batches(batches).schema
+            schema.empty_table().select(self._columns)  # a column it lacks: named now
+            table: pa.Table | FileBatches = batches if isinstance(batches, FileBatches) else \
+                pa.Table.from_batches(batches, schema=schema).select(self._columns)
             data = self._shard_data(batches, arena)
             if data is not None:
                 data.mapped, data.random_advised = True, random_advised
                 if random_advised and not lean:  # the layout's check reads every list's offsets
-                    advise_list_offsets(data, [f.name for f in full.schema if f.name in
+                    advise_list_offsets(data, [f.name for f in schema if f.name in
                                                self._columns and _kind(f.type) == "list"])
             if data is None and self.manifest.compression != "none":
                 if lean and random_advised:
                     advise_whole(arena)
-                table = table.combine_chunks()  # decompress once, not once per take
+                table = self._table_of(table).combine_chunks()  # decompressed once, not per take
         except (OSError, pa.ArrowException) as exc:  # an unreadable file: name the shard
             handle.__exit__(None, None, None)
             raise WorkerError(f"opening {self._describe(index)} failed: {type(exc).__name__}: "
@@ -238,7 +255,11 @@ class OpenShards:
             raise
         return table, data, batches, handle
 
-    def _check_batches(self, index: int, batches: list[pa.RecordBatch]) -> None:
+    def _table_of(self, opened: pa.Table | FileBatches) -> pa.Table:
+        """An open shard's table of the columns (read from its file at the first ask)."""
+        return opened if isinstance(opened, pa.Table) else opened.table(self._columns)
+
+    def _check_batches(self, index: int, rows: np.ndarray) -> None:
         """The shard's record batches must hold the rows the manifest lists, batch by batch.
 
         Global ids are located with the manifest's row counts and then read by the kernels
@@ -247,7 +268,7 @@ class OpenShards:
         batch's buffers. Checked once per open, so every later read is in range by
         construction (FastPlan.groups checks each batch's rows against it too).
         """
-        actual = [b.num_rows for b in batches if b.num_rows]
+        actual = [r for r in rows.tolist() if r]
         listed = [r for r in self.manifest.shards[index].batch_rows if r]
         if actual != listed:
             info = self.manifest.shards[index]

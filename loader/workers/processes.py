@@ -30,7 +30,6 @@ import torch.multiprocessing as tmp
 from stoker.loader.errors import LoaderTimeoutError, WorkerError
 from stoker.loader.fallbacks import note
 from stoker.loader.jit import fork_gate
-from stoker.loader.jit.kernel import materialize
 from stoker.loader.workers.failure import WorkerFailure
 from stoker.loader.workers.info import WorkerContext
 from stoker.loader.workers.transport import IN_FLIGHT, LEASES, Answers, Ring, dumps
@@ -108,8 +107,7 @@ def quiet_for_forks() -> Any:
     return fork_gate.quiet(_FORK_WAIT)
 
 
-# Imported by stoker's background threads on first use (NumPy imports these lazily), with
-# Numba itself (the kernels are made at their first use, stoker.loader.jit.kernel).
+# Imported by stoker's background threads on first use (NumPy imports these lazily).
 _LAZY_IMPORTS = ("numpy.ma", "numpy.random")
 
 
@@ -117,10 +115,11 @@ def _settle_imports() -> None:
     """Before a fork: a child forked while another thread of this process holds a module's
     import lock waits on that lock forever (seen: ``np.unique`` importing ``numpy.ma`` in a
     warm-up thread). Importing those modules here waits for an import in progress and leaves
-    none for the threads to start."""
+    none for the threads to start. Numba is not imported here: its import is a fork-gate
+    unit (stoker.loader.jit.kernel.materialize), and a worker that runs the kernels compiled
+    ahead of time never needs it."""
     for name in _LAZY_IMPORTS:
         importlib.import_module(name)
-    materialize()
 
 
 class _Proc:

@@ -129,10 +129,11 @@ def test_another_code_or_a_broken_file_is_never_loaded(built: str, tmp_path: Pat
 
 
 _EPOCH = """
-import hashlib, json, sys
-from stoker.loader import DataLoader, ReadOptions
+import hashlib, json, os, sys
+from stoker.loader import DataLoader, ReadOptions, WorkerOptions
 loader = DataLoader(sys.argv[1], batch_size=16, shuffle=True, seed=4, columns=["id", "seq"],
                     num_workers=int(sys.argv[2]),
+                    workers=WorkerOptions(mode=os.environ.get("WORKER_MODE", "thread")),
                     read=ReadOptions(features=["f0", "f1"], categoricals=["c0"], row_major=True))
 h = hashlib.sha256()
 for batch in loader:
@@ -165,14 +166,18 @@ def _run(script: str, root: Path, records: Path, workers: int = 0, **env: str
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("workers", [0, 2], ids=["no workers", "2 thread workers"])
+@pytest.mark.parametrize("workers,mode", [(0, "thread"), (2, "thread"), (2, "process")],
+                         ids=["no workers", "2 thread workers", "2 process workers"])
 def test_a_run_of_stored_records_never_imports_numba(built: str, tmp_path: Path,
-                                                     three_shards: Path, workers: int) -> None:
+                                                     three_shards: Path, workers: int,
+                                                     mode: str) -> None:
+    """Nor does the consumer of process workers import it before forking them (Numba's
+    import is a fork-gate unit instead: stoker.loader.jit.kernel.materialize)."""
     records = tmp_path / "records"
     first = _run(_EPOCH, three_shards, records, STOKER_AOT="off")  # builds, saves
     assert first["numba"]
     ahead = _run(_EPOCH, three_shards, records, workers, STOKER_AOT="on",
-                 STOKER_AOT_DIR=built, STOKER_COLD_START="fallback")
+                 STOKER_AOT_DIR=built, STOKER_COLD_START="fallback", WORKER_MODE=mode)
     assert not ahead["numba"] and ahead["digest"] == first["digest"]
     assert "compiling" not in ahead["fallbacks"]
     jit = _run(_EPOCH, three_shards, records, STOKER_AOT="off")  # the stored records

@@ -91,6 +91,8 @@ def test_the_first_prime_installs_the_warm_up_hooks_once() -> None:
     seen = _run(_PRIME)
     assert seen["at_import"] == [0, []]
     assert seen["exit_hooks"] == 1  # wait() at exit, registered once for three prime() calls
-    # warm-up: at-fork and at-exit; the kernels' maker: at-fork (forks wait while it makes them)
-    assert sorted(seen["stoker_hooks"]) == ["stoker.loader.jit.kernel", "stoker.loader.jit.warmup",
+    # warm-up: at-fork and at-exit; the kernels' maker: at-fork (forks wait while it makes them),
+    # and it makes them inside a fork-gate unit, whose first use installs the child's reset
+    assert sorted(seen["stoker_hooks"]) == ["stoker.loader.jit.fork_gate",
+                                            "stoker.loader.jit.kernel", "stoker.loader.jit.warmup",
                                             "stoker.loader.jit.warmup"]

@@ -86,6 +86,50 @@ def test_a_unit_waits_for_the_fork_in_progress() -> None:
     thread.join(10)
 
 
+def test_a_unit_inside_a_unit_does_not_wait_for_the_fork_that_waits_for_it() -> None:
+    """A thread inside a unit may enter another (stoker.loader.jit.kernel.materialize is one,
+    called from background jobs that are units): held back, it would hold the fork back
+    until the fork's timeout."""
+    inside, nest, nested = threading.Event(), threading.Event(), threading.Event()
+
+    def work() -> None:
+        with fork_gate.unit():
+            inside.set()
+            nest.wait(10)
+            with fork_gate.unit():
+                nested.set()
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    assert inside.wait(10)
+    timer = threading.Timer(_BLOCKED, nest.set)  # once the fork below waits for the unit
+    timer.start()
+    t0 = time.monotonic()
+    with fork_gate.quiet(timeout=30) as calm:
+        waited = time.monotonic() - t0
+    worker.join(10)
+    assert calm and nested.is_set() and waited < 10
+    assert _settles()
+
+
+def test_the_forking_threads_own_unit_does_not_wait_for_its_fork() -> None:
+    """The consumer opens the shards of the workers' first tasks inside the gate (and may
+    make the kernels there, a unit): it must not wait for itself."""
+    done = threading.Event()
+
+    def fork() -> None:
+        with fork_gate.quiet(timeout=1) as calm:
+            assert calm
+            with fork_gate.unit():
+                pass
+        done.set()
+
+    thread = threading.Thread(target=fork, daemon=True)
+    thread.start()
+    assert done.wait(10)
+    assert _settles()
+
+
 def test_a_fork_gives_up_after_its_timeout_and_says_so() -> None:
     inside, release = threading.Event(), threading.Event()
     worker = _hold_unit(inside, release)

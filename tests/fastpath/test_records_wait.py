@@ -1,0 +1,122 @@
+"""A shuffled batch waits for the records of its shards that this process is building
+(stoker.loader.read.arrow.ArrowSource._wait_for_records): from the second batch on, never in
+natural order, never for a build a forked worker inherited, and never with other bytes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importlib mode)
+
+from fastpath_helpers import record_table, write_dataset  # noqa: E402
+
+from stoker.loader.fastpath import rowmajor  # noqa: E402
+from stoker.loader.read.arrow import ArrowSource  # noqa: E402
+from stoker.manifest import Manifest  # noqa: E402
+
+FEATS, CATS = ["f0", "f1"], ["c0"]
+BUILD_S = 0.4  # each build's extra time: batches meanwhile would read the columns
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Manifest:
+    tables = [record_table(n, start, s) for s, (n, start) in enumerate([(60, 0), (45, 60)])]
+    return write_dataset(tmp_path_factory.mktemp("wait"), tables, batch_rows=8)
+
+
+@pytest.fixture
+def slow_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STOKER_COLD_START", "wait")  # the builds' kernels need no compile here
+    real = rowmajor.build
+
+    def slow(*args: Any, **kwargs: Any) -> np.ndarray:
+        time.sleep(BUILD_S)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rowmajor, "build", slow)
+
+
+def _bytes(batch: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.numpy().tobytes() if isinstance(v, torch.Tensor) else v
+            for k, v in batch.items()}
+
+
+def _source(m: Manifest, where: Path) -> ArrowSource:
+    return ArrowSource(m, features=FEATS, categoricals=CATS, row_major="auto",
+                       row_major_dir=str(where))
+
+
+def _expected(m: Manifest, ids: np.ndarray) -> dict[str, Any]:
+    columns = ArrowSource(m, features=FEATS, categoricals=CATS, row_major=False)
+    try:
+        return _bytes(columns.fetch(ids))
+    finally:
+        columns.close()
+
+
+def test_the_second_shuffled_batch_waits_for_the_builds_of_its_shards(
+        dataset: Manifest, tmp_path: Path, slow_builds: None) -> None:
+    ids = np.random.default_rng(2).permutation(105)
+    first, second = ids[:40], ids[40:80]
+    src = _source(dataset, tmp_path)
+    try:
+        assert _bytes(src.fetch(first)) == _expected(dataset, first)  # from the columns
+        assert src.records_waits == 0 and not len(src._records)  # the first never waits
+        assert _bytes(src.fetch(second)) == _expected(dataset, second)
+        assert src.records_waits == 1 and src.records_wait_s > BUILD_S / 4
+        assert sorted(src._records._records) == [0, 1]  # built before it was gathered
+        src.fetch(ids[80:])
+        assert src.records_waits == 1  # nothing left to wait for
+    finally:
+        src.close()
+
+
+def test_natural_order_never_waits(dataset: Manifest, tmp_path: Path, slow_builds: None) -> None:
+    src = _source(dataset, tmp_path)
+    try:
+        for at in range(0, 105, 20):
+            ids = np.arange(at, min(at + 20, 105))
+            assert _bytes(src.fetch(ids)) == _expected(dataset, ids)
+        assert src.records_waits == 0
+    finally:
+        src.close()
+
+
+def _wait_in_child(src: ArrowSource, out: Any) -> None:
+    t0 = time.monotonic()
+    waited = src._rm.wait_built(np.array([0, 1]))  # type: ignore[union-attr]
+    out.put((waited, time.monotonic() - t0))
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_worker_never_waits_for_its_parents_builds(
+        dataset: Manifest, tmp_path: Path, slow_builds: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its copies of the parent's build futures never finish: waiting on them hung forever."""
+    monkeypatch.setattr(sys.modules[__name__], "BUILD_S", 3.0)
+    src = _source(dataset, tmp_path)
+    try:
+        src.fetch(np.random.default_rng(3).permutation(105)[:40])  # both builds under way
+        assert len(src._rm._builds) == 2  # type: ignore[union-attr]
+        ctx = multiprocessing.get_context("fork")
+        out = ctx.Queue()
+        child = ctx.Process(target=_wait_in_child, args=(src, out))
+        child.start()
+        child.join(20)
+        alive = child.is_alive()
+        if alive:
+            child.kill()
+            child.join()
+        assert not alive, "the forked child waited for its parent's builds"
+        waited, took = out.get(timeout=5)
+        assert waited is False and took < 1.0
+    finally:
+        src.close()
