@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Iterator
 
-__all__ = ["quiet", "running", "unit"]
+__all__ = ["exempt", "on_behalf", "quiet", "running", "unit"]
 
 _cond = threading.Condition()
 _running = 0  # units in progress
@@ -102,6 +102,27 @@ def quiet(timeout: float = 60.0) -> Iterator[bool]:
         with _cond:
             _forking -= 1
             _cond.notify_all()
+
+
+def exempt() -> bool:
+    """Whether this thread's units do not wait for a fork: it is inside a unit or is the
+    forking thread (see :func:`unit`)."""
+    return _depth() > 0
+
+
+@contextlib.contextmanager
+def on_behalf(exempt_caller: bool) -> Iterator[None]:
+    """In a helper thread whose caller waits for it (a pool's task): its units wait for a
+    fork only when the caller's would (``exempt_caller``: :func:`exempt` in the caller).
+    The caller outlasts the helper, so the caller's unit, or its fork, comes after."""
+    if not exempt_caller:
+        yield
+        return
+    _inside.depth = _depth() + 1
+    try:
+        yield
+    finally:
+        _inside.depth -= 1
 
 
 def _depth() -> int:

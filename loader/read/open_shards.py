@@ -29,6 +29,7 @@ from stoker.loader.fastpath.advise import (advise_list_offsets, advise_open, adv
                                            advise_whole)
 from stoker.loader.fastpath.ipc_meta import FileBatches, batch_rows
 from stoker.loader.fastpath.plan import NotZeroCopy, ShardData, _kind
+from stoker.loader.jit import fork_gate
 from stoker.manifest import Manifest, ShardIntegrityError
 
 __all__ = ["OPENERS", "OpenShards", "ShardOpener"]
@@ -166,19 +167,32 @@ class OpenShards:
             raise NotZeroCopy(f"shard {index} is not zero-copy")
         return data
 
-    def open_all(self, shards: list[int]) -> bool:
+    def open_all(self, shards: list[int],
+                 failed: Callable[[int, Exception], None] | None = None) -> bool:
         """Open the ``shards`` that are not open, several at once (a batch's first gather
         waits for them all, and each open waits on the disk: its messages' pages, its
-        records' file); whether there were any."""
+        records' file); whether there were any. ``failed(index, error)`` takes a shard
+        that cannot be opened (``WorkerError``, ``ShardIntegrityError``) instead of raising."""
         closed = [s for s in shards if s not in self._open]
+        exempt = fork_gate.exempt()  # the helpers work for this thread, which waits for them
+
+        def one(index: int) -> None:
+            with fork_gate.on_behalf(exempt):
+                try:
+                    self.open(index)
+                except (WorkerError, ShardIntegrityError) as exc:
+                    if failed is None:
+                        raise
+                    failed(index, exc)
+
         if len(closed) > 1 and self._openers > 1:
             with ThreadPoolExecutor(min(len(closed), self._openers),
                                     thread_name_prefix="stoker-open") as pool:
-                for _ in pool.map(self.open, closed):
+                for _ in pool.map(one, closed):
                     pass
         else:
             for s in closed:
-                self.open(s)
+                one(s)
         return bool(closed)
 
     def touch(self, shards: np.ndarray) -> None:

@@ -3,6 +3,7 @@ processes, verified, bounded, and never able to change a batch."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -270,6 +271,44 @@ def test_process_workers_get_the_records_of_every_shard_they_reach(tmp_path: Pat
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["192"]
     assert len(_files(where)) == dataset.num_shards
+
+
+OPEN_BEFORE_FORK = """
+import json, sys
+from stoker.loader import DataLoader, ReadOptions, WorkerOptions
+from stoker.loader.read import arrow
+arrow._OPEN_ALL = int(sys.argv[3])
+loader = DataLoader(sys.argv[1], batch_size=8, num_workers=2, prefetch_factor=1,
+                    read=ReadOptions(features=["f0", "f1"], categoricals=["c0"],
+                                     records_dir=sys.argv[2]),
+                    workers=WorkerOptions(mode="process"))
+it = iter(loader)  # the workers are forked here
+opened = sorted(loader._source._shards.opened_shards)
+ids = [int(i) for b in it for i in b["id"]]
+loader._source.wait_row_major()
+print(json.dumps({"opened": opened, "ids": ids}))
+"""
+
+
+def test_a_small_dataset_with_stored_records_opens_whole_before_the_fork(
+        tmp_path: Path) -> None:
+    """Its workers inherit every shard: none opens one again between batches."""
+    tables = [record_table(200, 200 * s, s) for s in range(4)]  # first tasks: 128 rows
+    dataset = write_dataset(tmp_path / "data", tables, batch_rows=8)
+    script, where = tmp_path / "run.py", tmp_path / "records"
+    script.write_text(OPEN_BEFORE_FORK)
+
+    def run(open_all: int) -> dict[str, Any]:
+        out = subprocess.run([sys.executable, str(script), str(dataset.root), str(where),
+                              str(open_all)], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    first = run(16)  # nothing stored yet: the shards of the first tasks only
+    assert first["opened"] == [0] and first["ids"] == list(range(800))
+    assert len(_files(where)) == 4
+    assert run(16) == {"opened": [0, 1, 2, 3], "ids": first["ids"]}
+    assert run(3)["opened"] == [0]  # more shards than _OPEN_ALL: as before
 
 
 def test_a_shard_that_cannot_open_ahead_fails_at_its_own_batch(tmp_path: Path) -> None:

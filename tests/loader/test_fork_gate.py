@@ -130,6 +130,31 @@ def test_the_forking_threads_own_unit_does_not_wait_for_its_fork() -> None:
     assert _settles()
 
 
+def test_helpers_of_the_forking_thread_do_not_wait_for_its_fork() -> None:
+    """The loader opens the workers' first shards on a few threads inside the gate; a unit
+    one of them enters (a kernel made, a build) must not wait for the fork that waits for
+    them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def helper(exempt: bool) -> bool:
+        with fork_gate.on_behalf(exempt), fork_gate.unit():
+            return True
+
+    done = threading.Event()
+
+    def fork() -> None:
+        with fork_gate.quiet(timeout=1) as calm:
+            assert calm and fork_gate.exempt()
+            with ThreadPoolExecutor(2) as pool:
+                assert list(pool.map(helper, [fork_gate.exempt()] * 4)) == [True] * 4
+        done.set()
+
+    thread = threading.Thread(target=fork, daemon=True)
+    thread.start()
+    assert done.wait(10)
+    assert not fork_gate.exempt() and _settles()
+
+
 def test_a_fork_gives_up_after_its_timeout_and_says_so() -> None:
     inside, release = threading.Event(), threading.Event()
     worker = _hold_unit(inside, release)
