@@ -240,13 +240,14 @@ class FileBatches(Sequence[pa.RecordBatch]):
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, arena: pa.Buffer) -> FileBatches | list[pa.RecordBatch]:
-        """The batches of the IPC file ``arena``: lazily when :func:`read_layout` parses it,
-        else (compressed buffers, types it does not know) read now by pyarrow."""
+    def open(cls, arena: pa.Buffer) -> FileBatches | pa.Table:
+        """The batches of the IPC file ``arena``, read lazily when :func:`read_layout` parses
+        it; else (compressed buffers, types it does not know) the whole file read now by
+        pyarrow, as a table."""
         reader = pa.ipc.open_file(arena)
         layout = read_layout(arena, reader.schema)
         if layout is None:
-            return reader.read_all().to_batches()
+            return reader.read_all()
         return cls(reader, layout, arena)
 
     def __len__(self) -> int:

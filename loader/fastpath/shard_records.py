@@ -35,7 +35,7 @@ import threading
 import time
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -132,7 +132,7 @@ class ShardRecords:
                 self._any_stored = False
         return self._any_stored
 
-    def opened(self, index: int, data: ShardData, batches: list[pa.RecordBatch]) -> bool:
+    def opened(self, index: int, data: ShardData, batches: Sequence[pa.RecordBatch]) -> bool:
         """Shard ``index`` just opened: reserve budget and map, build or schedule its records.
         Whether records mapped from the store now serve every output of the shard (no
         column of it is read)."""

@@ -308,7 +308,8 @@ class ArrowSource:
     def _data_of(self, index: int) -> ShardData:
         return self._shards.data_of(index)
 
-    def _shard_opened(self, index: int, data: ShardData, batches: list[pa.RecordBatch]) -> bool:
+    def _shard_opened(self, index: int, data: ShardData,
+                      batches: Sequence[pa.RecordBatch]) -> bool:
         """A zero-copy shard opened: its rows feed the staging rounds, or its records;
         whether stored records serve all of it (see OpenShards)."""
         if self._stager is not None:
@@ -345,7 +346,8 @@ class ArrowSource:
         """Bytes reserved by the row-major records of the open shards."""
         return self._rm.nbytes if self._rm is not None else 0
 
-    def _shard_data(self, batches: list[pa.RecordBatch], arena: pa.Buffer) -> ShardData | None:
+    def _shard_data(self, batches: Sequence[pa.RecordBatch],
+                    arena: pa.Buffer) -> ShardData | None:
         """Kernel inputs for a shard, or ``None`` when it is not zero-copy (e.g. compressed)."""
         if self._plan is None or not batches:
             return None

@@ -19,7 +19,7 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -71,9 +71,9 @@ class OpenShards:
 
     def __init__(self, manifest: Manifest, columns: list[str], opener: ShardOpener,
                  max_open: int, lock: threading.Condition, *,
-                 shard_data: Callable[[list[pa.RecordBatch], pa.Buffer], ShardData | None],
+                 shard_data: Callable[[Sequence[pa.RecordBatch], pa.Buffer], ShardData | None],
                  describe: Callable[[int], str],
-                 opened: Callable[[int, ShardData, list[pa.RecordBatch]], bool],
+                 opened: Callable[[int, ShardData, Sequence[pa.RecordBatch]], bool],
                  dropped: Callable[[int], None], openers: int = 1,
                  stored: Callable[[int], bool] = lambda index: False) -> None:
         self.manifest = manifest
@@ -226,7 +226,8 @@ class OpenShards:
         return handle
 
     def _open_shard(self, index: int) -> tuple[pa.Table | FileBatches, ShardData | None,
-                                               list[pa.RecordBatch], AbstractContextManager[str]]:
+                                               Sequence[pa.RecordBatch],
+                                               AbstractContextManager[str]]:
         # The opener's context (a cache pin) stays entered while the shard is open here.
         handle = self._opener(index)
         path = handle.__enter__()
@@ -243,13 +244,15 @@ class OpenShards:
                 advise_whole(arena)
             # the file's own layout, not pyarrow's record batches: those are read when the
             # Arrow path asks for them (stoker.loader.fastpath.ipc_meta.FileBatches)
-            batches = FileBatches.open(arena)
+            opened = FileBatches.open(arena)
+            schema = opened.schema
+            if isinstance(opened, FileBatches):
+                batches: Sequence[pa.RecordBatch] = opened
+                schema.empty_table().select(self._columns)  # a column it lacks: named now
+                table: pa.Table | FileBatches = opened
+            else:
+                batches, table = opened.to_batches(), opened.select(self._columns)
             self._check_batches(index, batch_rows(batches))
-            schema = batches.schema if isinstance(batches, FileBatches) else \
-                pa.Table.from_batches(batches).schema
-            schema.empty_table().select(self._columns)  # a column it lacks: named now
-            table: pa.Table | FileBatches = batches if isinstance(batches, FileBatches) else \
-                pa.Table.from_batches(batches, schema=schema).select(self._columns)
             data = self._shard_data(batches, arena)
             if data is not None:
                 data.mapped, data.random_advised = True, random_advised

@@ -74,8 +74,8 @@ def test_a_compressed_file_is_read_by_pyarrow_at_once(tmp_path: Path) -> None:
     schema = pa.schema([("x", pa.int64())])
     arena = _write(tmp_path / "z.arrow", [pa.record_batch([pa.array(np.arange(100))], schema=schema)],
                    schema, compression="zstd")
-    batches = FileBatches.open(arena)
-    assert isinstance(batches, list) and batches[0].column(0).to_pylist() == list(range(100))
+    table = FileBatches.open(arena)
+    assert isinstance(table, pa.Table) and table.column(0).to_pylist() == list(range(100))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
