@@ -307,18 +307,9 @@ def advise_whole(arena: object) -> bool:
     if fn is None or base % _PAGE:
         return False
     size = -(-size // _PAGE) * _PAGE
-    if not _call(fn, base, size, _NORMAL):
-        return False
-    if _cached_whole(base, size):
-        return True
-    return all(_call(fn, base + at, min(_WHOLE_CHUNK, size - at), _WILLNEED)
-               for at in range(0, size, _WHOLE_CHUNK))
-
-
-def _cached_whole(base: int, size: int) -> bool:
-    """Whether every page of the map is in the page cache (one ``mincore``)."""
-    resident = _residency(base, 0, size)
-    return resident is not None and bool(resident.all())
+    return _call(fn, base, size, _NORMAL) and all(
+        _call(fn, base + at, min(_WHOLE_CHUNK, size - at), _WILLNEED)
+        for at in range(0, size, _WHOLE_CHUNK))
 
 
 def _cached(base: int, size: int, d: ShardData, fields: Sequence[Field],

@@ -224,6 +224,7 @@ def _read(buf: memoryview, schema: pa.Schema) -> IpcLayout:
         raise _Unknown("a buffer outside the file")
     return IpcLayout(rows, nodes, buffers, first_node, first_buffer)
 
+
 class FileBatches(Sequence[pa.RecordBatch]):
     """The record batches of an IPC file read through ``reader`` whose layout is ``layout``:
     their row counts (:attr:`rows`) from the layout, each batch from pyarrow at its first
