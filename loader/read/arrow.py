@@ -604,9 +604,7 @@ class ArrowSource:
                                (self._rm is not None and self._rm.look()) or
                                self._wait_for_records(ids[positions])):
             filled, positions = self._gather_once(ids, slot, numpy)
-        if not self._gathered:  # the builds held back for a first batch start now
-            self._gathered = True
-            warm.served()
+        self._gathered = True
         return filled, positions
 
     def _wait_for_records(self, ids: np.ndarray) -> bool:

@@ -240,8 +240,6 @@ class OpenShards:
             random_advised = (self.random_access or lean) and advise_random(arena)
             if random_advised:  # what the layout reads next: in flight together, not in turn
                 advise_open(arena)
-            elif not self.random_access:  # its columns are all read: at the disk's speed
-                advise_whole(arena)
             # the file's own layout, not pyarrow's record batches: those are read when the
             # Arrow path asks for them (stoker.loader.fastpath.ipc_meta.FileBatches)
             opened = FileBatches.open(arena)
