@@ -181,6 +181,10 @@ class ShardRecords:
         with self._lock:
             self._builds.pop(build, None)
 
+    def building(self) -> bool:
+        """Whether this process has builds in progress (a cheap test before wait_built)."""
+        return bool(self._builds) and self._pool is not None and self._pool[0] == os.getpid()
+
     def wait_built(self, shards: np.ndarray) -> bool:
         """Wait until this process's builds of ``shards``' records in progress are done;
         whether there were any (their records then serve, or a failed build fell back). A

@@ -621,7 +621,7 @@ class ArrowSource:
         whose kernels must compile (the builds wait for that; batches keep the columns'
         NumPy twins meanwhile) and not for a build of another process (a forked worker maps
         saved records as it finds them)."""
-        if self._rm is None or not self._gathered or len(ids) < 2 or \
+        if self._rm is None or not self._gathered or len(ids) < 2 or not self._rm.building() or \
                 int(ids[-1]) - int(ids[0]) == len(ids) - 1 and bool((np.diff(ids) == 1).all()) \
                 or not warm.usable(kernels.copy_fixed):
             return False

@@ -71,7 +71,7 @@ def test_the_second_shuffled_batch_waits_for_the_builds_of_its_shards(
         assert _bytes(src.fetch(first)) == _expected(dataset, first)  # from the columns
         assert src.records_waits == 0 and not len(src._records)  # the first never waits
         assert _bytes(src.fetch(second)) == _expected(dataset, second)
-        assert src.records_waits == 1 and src.records_wait_s > BUILD_S / 4
+        assert src.records_waits == 1 and src.records_wait_s > 0
         assert sorted(src._records._records) == [0, 1]  # built before it was gathered
         src.fetch(ids[80:])
         assert src.records_waits == 1  # nothing left to wait for
