@@ -170,8 +170,8 @@ class RecordTable:
                ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """Fill the record-served outputs of the batch ``ids`` into ``slot``: by the JIT
         kernel once this process loaded it (or when ``jit``: a warm-up loads it), else by
-        the kernel compiled ahead of time when the node has it (stoker.loader.jit.aot; the
-        same bytes, but it holds the GIL: :func:`stoker.loader.fastpath.warm.gather_jit`),
+        the kernel compiled ahead of time when the node has it (stoker.loader.jit.aot: the
+        same bytes, without Numba),
         else with NumPy when ``numpy`` (the caller's kernels are not ready) or while the
         kernel is still being loaded by a warm-up thread on a process's first batch (unless
         ``kernel``).

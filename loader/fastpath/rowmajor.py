@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -32,12 +32,14 @@ import pyarrow as pa
 from stoker.loader.fastpath import kernels as k
 from stoker.loader.fastpath.ipc_meta import FileBatches
 from stoker.loader.fastpath.ring import fresh_pages
+from stoker.loader.jit import aot
+from stoker.loader.jit.kernel import compiled
 
 if TYPE_CHECKING:
     from stoker.loader.fastpath.plan import FastPlan, ShardData
 
 __all__ = ["AUTO_BUDGET_BYTES", "Field", "RecordLayout", "RowMajorBudget", "build",
-           "resolve_mode"]
+           "built_ahead", "resolve_mode"]
 
 #: ``row_major="auto"`` keeps at most this many bytes of row-major copies alive: 2 GiB, or a
 #: quarter of physical memory when that is smaller.
@@ -192,8 +194,33 @@ def build(layout: RecordLayout, data: ShardData, skip: Sequence[str] = (),
             continue
         if f.kind == "list":
             whole = np.zeros(1, dtype=np.int64)  # one run: every row of the shard, in order
-            k.copy_list_ranges(data.views, data.meta[f.name], data.starts, whole,
-                               data.starts[-1:], whole, view)
+            meta = data.meta[f.name]
+            _builder(k.copy_list_ranges, "copy_list_ranges", f.dtype, meta, data.starts)(
+                data.views, meta, data.starts, whole, data.starts[-1:], whole, view)
         else:
-            k.copy_fixed(data.views, data.matrix_meta(f.columns), data.starts, _TILE, view)
+            meta = data.matrix_meta(f.columns)
+            _builder(k.copy_fixed, "copy_fixed", f.dtype, meta, data.starts)(
+                data.views, meta, data.starts, _TILE, view)
     return rec
+
+
+def built_ahead(plan: FastPlan) -> bool:
+    """Whether every record field ``plan`` can have is built by a kernel compiled ahead of
+    time on this node (:func:`_builder`): building its records then needs no Numba."""
+    dtypes = {np.dtype(o.dtype).name for o in plan.outputs
+              if o.kind in ("matrix", "fixed", "list") and o.dtype is not None}
+    return all(aot.function(f"{kind}_{d}") is not None for d in dtypes
+               for kind in ("copy_fixed", "copy_list_ranges"))
+
+
+def _builder(fn: Callable[..., None], name: str, dtype: np.dtype, *index: np.ndarray
+             ) -> Callable[..., None]:
+    """Builder ``fn``, or, until this process loaded it, its twin compiled ahead of time for
+    fields of ``dtype`` when the node has one (stoker.loader.jit.aot): a node's first run
+    then builds records from the moment a shard opens, not after Numba's start-up (~0.9 s
+    into a run). The same bytes either way (tests/fastpath/test_aot.py). The twin is
+    compiled for C-contiguous int64 ``index`` arrays (metadata, starts) and checks no layout
+    itself."""
+    if compiled(fn) or not all(a.dtype == np.int64 and a.flags.c_contiguous for a in index):
+        return fn
+    return aot.function(f"{name}_{dtype.name}") or fn

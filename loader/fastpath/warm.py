@@ -45,7 +45,7 @@ from stoker.loader.order.feistel import order_range
 from stoker.loader.order.mixture_kernel import pick_spans, place, source_of
 from stoker.loader.order.options import OrderOptions
 
-__all__ = ["after_first_batch", "gather_jit", "plan_key", "prime", "prime_columns_to_records",
+__all__ = ["after_first_batch", "plan_key", "prime", "prime_columns_to_records",
            "prime_mixture", "ready", "served", "start", "usable"]
 
 _served = threading.Event()  # a first batch was delivered in this process (see served)
@@ -150,14 +150,18 @@ def _hold() -> None:
 
 
 def _warm_node(ask: bool = True) -> bool:
-    """Whether this node compiled stoker's kernels before (:func:`_compiled_before`). Asking
+    """Whether this node compiled stoker's kernels before: it has their module compiled
+    ahead of time (stoker.loader.jit.aot), or :func:`_compiled_before`. Asking the latter
     makes the kernels (imports Numba, ~0.3 s), so a batch's thread asks with ``ask=False``:
     not known yet counts as no (the batch uses the NumPy twins) while a warm-up thread finds
     out."""
     if not _warm:
-        if not ask and not made():
+        if aot.function("record_gather") is not None:
+            _warm.append(True)  # built only by a process whose kernels loaded from the cache
+        elif not ask and not made():
             return False
-        _warm.append(_compiled_before())
+        else:
+            _warm.append(_compiled_before())
     return _warm[0]
 
 
@@ -184,8 +188,8 @@ def _columns_to_records() -> None:
         note("warmup_skipped", f"columns_to_records: {type(exc).__name__}: {exc}")
 
 
-def _order(jit: bool = False) -> None:
-    if not jit and aot.function("order_range") is not None:
+def _order() -> None:
+    if aot.function("order_range") is not None:
         return  # the order calls the kernel compiled ahead of time
     try:
         order = EpochOrder(np.array([64, 64], dtype=np.int64), "0" * 32, 0, 0, OrderOptions())
@@ -233,23 +237,6 @@ def _run(plan: FastPlan, schema: pa.Schema, row_major: bool) -> None:
         aot.build_in_background()
     _order()
     _on_tiny_shard(plan, schema, row_major, every=True)
-
-
-def gather_jit(plan: FastPlan, schema: pa.Schema) -> None:
-    """Load the JIT kernels of the records gather and of the order in a warm-up thread, once
-    per process; they serve once loaded (:meth:`RecordTable.gather`,
-    :meth:`EpochOrder._range`). For thread workers serving stored
-    records through the gather compiled ahead of time: ``numba.pycc`` has no ``nogil``, so
-    they take turns on the GIL (2 thread workers, W1 records, later epochs: ~6 M rows/s
-    against ~7 M with none); the JIT kernel gives it up (12-14 M). Loading it costs a
-    process ~0.5 s of Numba's start-up, hence the caller asks only after thread workers
-    have served a while (stoker.loader.read.arrow)."""
-    warmup.spawn(("record_gather",), _gather_jit, plan, schema)
-
-
-def _gather_jit(plan: FastPlan, schema: pa.Schema) -> None:
-    _order(jit=True)
-    _on_tiny_shard(plan, schema, True, every=False)
 
 
 def _on_tiny_shard(plan: FastPlan, schema: pa.Schema, row_major: bool, every: bool) -> None:

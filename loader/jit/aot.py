@@ -7,8 +7,11 @@ in all, so that is half of it (bench/RESULTS.md, "Cold start"). The kernels such
 the order's (:func:`stoker.loader.order.feistel.order_range`) and the records gather
 (``stoker.loader.fastpath.record_table._gather``), are compiled here with ``numba.pycc`` into
 a plain extension module (:data:`EXPORTS`, one signature each: the one the loader calls them
-with); importing it takes about a millisecond and imports no Numba (bench/aot_probe.py). Any
-other kernel, and these on a node without the module, stay Numba's JIT kernels.
+with); importing it takes about a millisecond and imports no Numba (bench/aot_probe.py). Like
+the JIT kernels (``nogil``), they give the GIL up while they run, so thread workers gather at
+once: ``numba.pycc`` has no option for it, and :func:`_releasing_gil` sets the compiler flag
+its wrappers honour. Any other kernel, and these on a node without the module, stay Numba's
+JIT kernels.
 
 The module is built once per node, in the background: a process whose JIT kernels loaded from
 Numba's cache (the node compiled them before) and found no module starts
@@ -29,6 +32,7 @@ module's path, no process of the same code tries again, and every kernel stays J
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import importlib
 import importlib.machinery
@@ -44,32 +48,48 @@ import tempfile
 import threading
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import xxhash
 
 from stoker.manifest import locations
 
-__all__ = ["EXPORTS", "build", "build_in_background", "directory", "enabled", "function",
-           "module_path"]
+__all__ = ["BUILD_DTYPES", "EXPORTS", "build", "build_in_background", "directory", "enabled",
+           "function", "module_path"]
 
 logger = logging.getLogger(__name__)
 
-_FORMAT = "stoker-aot-1"
+_FORMAT = "stoker-aot-2"  # 2: the kernels give the GIL up; the record builders
 _A = "int64[::1]"
+#: an arena's typed views (stoker.loader.fastpath.kernels.arena_views), read-only (a mapping)
+_VIEWS = "Tuple((" + ", ".join(
+    f"Array({t}, 1, 'C', readonly=True)" for t in ("uint8", "int8", "int16", "int32", "int64",
+                                                   "uint16", "uint32", "uint64", "float32",
+                                                   "float64")) + "))"
+#: the record fields' dtypes the builders are exported for (any other: the JIT kernel)
+BUILD_DTYPES = ("float32", "float64", "int64", "int32")
 #: (exported name, defining module, attribute, signature): the kernels a later run of stored
-#: records calls, with the argument types the loader passes.
+#: records calls, and the builders a node's first run calls
+#: (:func:`stoker.loader.fastpath.rowmajor.build`, ``<kernel>_<dtype>`` by the dtype of the
+#: field written), with the argument types the loader passes. A wrapper checks no more than
+#: each array's item size, so a caller must pick the export matching its arrays' dtypes,
+#: dimensions and layouts.
 EXPORTS = (
     ("order_range", "stoker.loader.order.feistel", "order_range",
      f"int64[::1](int64, int64, int64, int64, int64, int64, int64, uint64[::1], {_A}, {_A})"),
     ("record_gather", "stoker.loader.fastpath.record_table", "_gather",
      f"UniTuple(int64, 2)({_A}, {_A}, int64, {_A}, {_A}, int64, {_A}, {_A}, {_A}, {_A}, {_A}, "
      f"{_A}, int64, {_A})"),
+    *((f"copy_fixed_{t}", "stoker.loader.fastpath.kernels", "copy_fixed",
+       f"none({_VIEWS}, int64[:, :, ::1], {_A}, int64, {t}[:, :])") for t in BUILD_DTYPES),
+    *((f"copy_list_ranges_{t}", "stoker.loader.fastpath.kernels", "copy_list_ranges",
+       f"none({_VIEWS}, int64[:, ::1], {_A}, {_A}, {_A}, {_A}, {t}[:, :])")
+      for t in BUILD_DTYPES),
 )
 _LOADER = Path(__file__).resolve().parents[1]  # stoker/loader
 #: every source file the exported kernels' code comes from (kernels they call included)
-_SOURCES = ("order/feistel.py", "fastpath/record_table.py", "jit/search.py", "jit/intrinsics.py",
-            "jit/aot.py")
+_SOURCES = ("order/feistel.py", "fastpath/record_table.py", "fastpath/kernels.py",
+            "jit/search.py", "jit/intrinsics.py", "jit/aot.py")
 
 _FAILED = ".failed"  # beside the module's path: its build failed (the error inside)
 
@@ -170,11 +190,34 @@ def build(root: str | None = None) -> str | None:
             for export, module, attr, signature in EXPORTS:
                 kernel = getattr(importlib.import_module(module), attr)
                 cc.export(export, signature)(kernel.py_func)
-            cc.compile()
+            with _releasing_gil():
+                cc.compile()
             os.replace(os.path.join(work, os.path.basename(path)), path)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return path
+
+
+@contextlib.contextmanager
+def _releasing_gil() -> Iterator[None]:
+    """While pycc compiles: every function's Python wrapper gives the GIL up around the call,
+    as ``nogil=True`` makes Numba's own wrappers do. pycc builds its compiler flags with the
+    ``Flags`` its module imported and offers no option for this flag, so that name is
+    swapped for a subclass setting it, and put back."""
+    from numba.pycc import compiler
+
+    plain = compiler.Flags
+
+    class NoGil(plain):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.release_gil = True
+
+    compiler.Flags = NoGil
+    try:
+        yield
+    finally:
+        compiler.Flags = plain
 
 
 def build_in_background() -> bool:

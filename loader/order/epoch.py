@@ -160,8 +160,7 @@ class EpochOrder:
             return np.arange(start, stop, step, dtype=np.int64)
         if stop <= start:
             return np.empty(0, dtype=np.int64)
-        # compiled ahead of time: no Numba at all, but it holds the GIL (the JIT kernel, once
-        # this process loaded it, gives it up: stoker.loader.fastpath.warm.gather_jit)
+        # compiled ahead of time (stoker.loader.jit.aot): no Numba at all
         loaded = compiled(_k.order_range)
         ahead = None if loaded else aot.function("order_range")
         if ahead is None and (self.numpy_only or (warmup.warming() and not loaded)):

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from stoker.loader.errors import WorkerError
 from stoker.loader.fallbacks import note
-from stoker.loader.fastpath import kernels, kernels_np
+from stoker.loader.fastpath import kernels, kernels_np, rowmajor
 from stoker.loader.fastpath.convert import table_to_batch
 from stoker.loader.fastpath.images import ImageOptions
 from stoker.loader.fastpath.plan import FastPlan, NotZeroCopy, ShardData
@@ -60,9 +60,6 @@ _GROUP_SKIP = 32
 # fastest with 2 thread workers, 4096 and 16384 slower (bench/RESULTS.md "Workers and the GIL")
 _GROUP_ROWS = 8192
 _GROUP_BYTES = 4 << 20
-#: seconds of thread workers' groups through the records gather compiled ahead of time after
-#: which its JIT twin is loaded (ArrowSource._ask_jit)
-_JIT_AFTER_S = 1.0
 #: most shards a dataset may have for process workers' consumer to open all of them before
 #: forking (open_for_workers): ~37 ms each for stored records, opened 4 at once
 _OPEN_ALL = 16
@@ -180,17 +177,18 @@ class ArrowSource:
         self._records_mode = self._rm.mode if self._rm is not None else 0  # bytes; -1: any
         records = bool(self._rm and self._rm.mode)
         #: the plan's JIT kernels are warmed once a batch or a shard needs them, not before,
-        #: where stored records through the gather compiled ahead of time may serve every
-        #: batch (stoker.loader.jit.aot): such a process never imports Numba (not under
-        #: STOKER_COLD_START=wait, where no batch is read by the NumPy twins)
+        #: where records through the gather compiled ahead of time may serve every batch
+        #: (stoker.loader.jit.aot): stored ones, or ones built by the builders compiled ahead
+        #: of time (a node's first run: shuffled batches wait for them, _gather_twins). Such
+        #: a process never imports Numba, whose start-up holds the GIL ~1 s against the shard
+        #: opens and builds (not under STOKER_COLD_START=wait, where no batch is read by the
+        #: NumPy twins)
         self._warm_later = self._plan is not None and not self.numba_free and records and \
             not warmup.kernels_wait() and aot.function("record_gather") is not None and \
-            self._rm.any_stored()  # type: ignore[union-attr]
+            (self._rm.any_stored() or rowmajor.built_ahead(self._plan))  # type: ignore[union-attr]
         self._warm = ((warm.plan_key(self._plan, records) if self._warm_later else
                        warm.start(self._plan, schema, records)), self._plan, schema, records) \
             if self._plan is not None and not self.numba_free else None
-        self._threads_since: float | None = None  # a thread worker's first group (_ask_jit)
-        self._jit_asked = False
 
     def _kernels_ready(self) -> bool:
         """Whether batches may call the plan's JIT kernels now (warm.ready); not while their
@@ -316,9 +314,14 @@ class ArrowSource:
             self._stager.opened(batches)
             return False
         served = self._rm is not None and self._rm.opened(index, data, batches)
-        if not served:  # its columns are read: by the JIT kernels
-            self._warm_now()
+        if not served and not (self._warm_later and self._rm is not None and
+                               self._rm.covers(index)):
+            self._warm_now()  # its columns are read: by the JIT kernels
         return served
+
+    def _building(self) -> bool:
+        """Whether this process is building records of opened shards."""
+        return self._rm is not None and self._rm.building()
 
     def _shard_stored(self, index: int) -> bool:
         """Whether shard ``index``'s records are likely stored (see OpenShards)."""
@@ -517,27 +520,10 @@ class ArrowSource:
                 out.append((batch, None if digest is None else digest(batch, arrays)))
                 lo += n
             self.batches_grouped += len(out)
-            self._ask_jit()
             return out
         finally:
             if into is None:
                 self._ring.release(slot)
-
-    def _ask_jit(self) -> None:
-        """Once thread workers have served groups through the records gather compiled ahead
-        of time for :data:`_JIT_AFTER_S`, load its JIT twin, which gives the GIL up
-        (:func:`~stoker.loader.fastpath.warm.gather_jit`). Not sooner: loading it costs ~0.5 s
-        of Numba's start-up, more than a short run gains. Not in a process's main thread (no
-        workers, or a process worker): one thread gathers there, at the same speed either way."""
-        if not self._warm_later or self._jit_asked or \
-                threading.current_thread() is threading.main_thread():
-            return
-        now = time.monotonic()
-        if self._threads_since is None:
-            self._threads_since = now
-        elif now - self._threads_since >= _JIT_AFTER_S:
-            self._jit_asked = True
-            warm.gather_jit(*self._warm[1:3])  # type: ignore[index]
 
     def _gather_twins(self, ids: np.ndarray, slot: Any) -> tuple[dict[str, np.ndarray],
                                                                   list[Any], list[Any]]:
@@ -546,13 +532,21 @@ class ArrowSource:
         the gather compiled ahead of time (a shard whose records are stored is opened without
         reading its columns: see :class:`~stoker.loader.read.open_shards.OpenShards`), the
         rest from the columns. No fallback where that gather served the whole batch before
-        any JIT kernel was wanted (``_warm_later``): nothing waited for a compile."""
+        any JIT kernel was wanted (``_warm_later``): nothing waited for a compile; nor where
+        the records of a shuffled batch's rows are being built by the builders compiled ahead
+        of time (a node's first run): the twins serve its rows without records (the first
+        batch; later ones wait for the builds, :meth:`_wait_for_records`), and the JIT
+        kernels are not loaded for that."""
         assert self._plan is not None  # noqa: S101
         if self.numba_free or self._stager is not None:
             if not self.numba_free:
                 note("compiling", f"batch of samples {_shown(ids)}")
             return {}, self._plan.groups(ids, self._starts, self._data_of), []
         filled, groups, rest = self._gather_records(ids, slot, numpy=True)
+        if self._warm_later and (groups or rest) and not _contiguous(ids):
+            if self._building():
+                return filled, groups, rest  # the twins serve the rows whose records build
+            filled, groups, rest = self._gather_records(ids, slot, numpy=True)  # built since?
         if self._warm_later and not groups and not rest:
             return filled, groups, rest  # all from the gather compiled ahead of time
         self._warm_now()
@@ -622,8 +616,7 @@ class ArrowSource:
         NumPy twins meanwhile) and not for a build of another process (a forked worker maps
         saved records as it finds them)."""
         if self._rm is None or not self._gathered or len(ids) < 2 or not self._rm.building() or \
-                int(ids[-1]) - int(ids[0]) == len(ids) - 1 and bool((np.diff(ids) == 1).all()) \
-                or not warm.usable(kernels.copy_fixed):
+                _contiguous(ids) or not warm.usable(kernels.copy_fixed):
             return False
         t0 = time.perf_counter()
         waited = self._rm.wait_built(np.unique(self.locate(ids)[0]))
@@ -696,3 +689,9 @@ class ArrowSource:
 def _shown(ids: np.ndarray) -> str:
     """The first ids of a batch, for messages."""
     return f"{ids[:8].tolist()}{'...' if len(ids) > 8 else ''}"
+
+
+def _contiguous(ids: np.ndarray) -> bool:
+    """Whether ``ids`` are consecutive ascending rows (natural order)."""
+    return len(ids) > 0 and int(ids[-1]) - int(ids[0]) == len(ids) - 1 and \
+        bool((np.diff(ids) == 1).all())

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,7 +22,9 @@ sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importli
 from fastpath_helpers import record_table, write_dataset  # noqa: E402
 
 from stoker.loader.fallbacks import collecting  # noqa: E402
+from stoker.loader.fastpath import kernels, rowmajor  # noqa: E402
 from stoker.loader.fastpath import record_table as rt  # noqa: E402
+from stoker.loader.fastpath.plan import FastPlan, ShardData  # noqa: E402
 from stoker.loader.fastpath.ring import BufferRing  # noqa: E402
 from stoker.loader.fastpath.rowmajor import Field, RecordLayout  # noqa: E402
 from stoker.loader.jit import aot  # noqa: E402
@@ -101,6 +104,48 @@ def test_the_records_gather_compiled_ahead_of_time_writes_the_jit_bytes(
     assert ahead[0].keys() == jit[0].keys()
     for name in jit[0]:
         assert ahead[0][name][written].tobytes() == jit[0][name][written].tobytes(), name
+
+
+def _every_builder_table(n: int, seed: int) -> pa.Table:
+    """Record fields of every dtype the builders are exported for: features (float32),
+    categoricals (int64), fixed-width columns and fixed-length lists of each, with nulls."""
+    rng = np.random.default_rng(seed)
+    table = {"f0": pa.array(rng.standard_normal(n).astype(np.float32), mask=rng.random(n) < 0.1),
+             "f1": pa.array(rng.integers(-50, 50, n).astype(np.int16)),
+             "c0": pa.array(rng.integers(0, 9, n).astype(np.int32), mask=rng.random(n) < 0.1)}
+    for dtype in aot.BUILD_DTYPES:
+        values = (rng.standard_normal(n * 3) * 1e3).astype(dtype)
+        table[f"x_{dtype}"] = pa.array(values[:n], mask=rng.random(n) < 0.1)
+        child = pa.array(values, mask=rng.random(n * 3) < 0.1)  # null values: written as 0
+        table[f"seq_{dtype}"] = pa.ListArray.from_arrays(np.arange(0, n * 3 + 1, 3, dtype=np.int32),
+                                                         child)
+    return pa.table(table)
+
+
+def test_the_record_builders_compiled_ahead_of_time_write_the_jit_bytes(
+        on: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    table = _every_builder_table(700, 5)
+    manifest = write_dataset(tmp_path / "data", [table], batch_rows=64)
+    columns = [c for c in table.column_names if c not in ("f0", "f1", "c0")]
+    plan = FastPlan(manifest.arrow_schema, ["f0", "f1", "c0", *columns], ["f0", "f1"], ["c0"])
+    source = pa.memory_map(str(Path(manifest.root) / manifest.shards[0].path), "r")
+    arena = source.read_buffer(source.size())
+    batches = pa.ipc.open_file(arena).read_all().to_batches()
+    layout = RecordLayout.of(plan, batches)
+    assert layout is not None and len(layout.fields) == 2 + 2 * len(aot.BUILD_DTYPES)
+    asked: list[str] = []
+    real = aot.function
+    monkeypatch.setattr(aot, "function", lambda name: asked.append(name) or real(name))
+    with monkeypatch.context() as patched:  # as if this process had not loaded the JIT ones
+        patched.setattr(rowmajor, "compiled", lambda fn: False)
+        ahead = rowmajor.build(layout, ShardData(batches, arena, plan.kernel_columns))
+    wanted = {f"{kind}_{t}" for kind in ("copy_fixed", "copy_list_ranges")
+              for t in aot.BUILD_DTYPES}
+    assert set(asked) == wanted and all(real(name) is not None for name in wanted)
+    monkeypatch.setattr(aot, "_loaded", [None])  # the JIT kernels
+    jit = rowmajor.build(layout, ShardData(batches, arena, plan.kernel_columns))
+    assert rowmajor.compiled(kernels.copy_fixed) and rowmajor.compiled(kernels.copy_list_ranges)
+    assert ahead.shape == jit.shape and ahead.tobytes() == jit.tobytes()
 
 
 def test_another_code_or_a_broken_file_is_never_loaded(built: str, tmp_path: Path,
@@ -184,13 +229,31 @@ def test_a_run_of_stored_records_never_imports_numba(built: str, tmp_path: Path,
     assert jit["numba"] and jit["digest"] == first["digest"]
 
 
+@pytest.mark.parametrize("workers", [0, 2], ids=["no workers", "2 thread workers"])
+def test_a_nodes_first_run_builds_its_records_without_numba(built: str, tmp_path: Path,
+                                                           three_shards: Path,
+                                                           workers: int) -> None:
+    """No records stored yet, the builders compiled ahead of time: the shuffled run builds
+    and saves every shard's records without importing Numba (its start-up would hold the
+    GIL against the shard opens and the builds), reads the batches of a JIT run, and a
+    later run maps what it saved."""
+    jit = _run(_EPOCH, three_shards, tmp_path / "jit", STOKER_AOT="off")
+    records = tmp_path / "records"
+    ahead = {"STOKER_AOT": "on", "STOKER_AOT_DIR": built, "STOKER_COLD_START": "fallback"}
+    first = _run(_EPOCH, three_shards, records, workers, **ahead)
+    assert first["digest"] == jit["digest"] and not first["numba"]
+    assert "compiling" not in first["fallbacks"]
+    assert len(list(records.glob("*.rec"))) == 3 == len(list((tmp_path / "jit").glob("*.rec")))
+    assert sorted(p.read_bytes() for p in records.glob("*.rec")) == \
+        sorted(p.read_bytes() for p in (tmp_path / "jit").glob("*.rec"))
+    later = _run(_EPOCH, three_shards, records, **ahead)
+    assert later["digest"] == jit["digest"] and not later["numba"]
+
+
 _EPOCHS = """
 import hashlib, json, sys
 from stoker.loader import DataLoader, ReadOptions, WorkerOptions
-from stoker.loader.fastpath import record_table
-from stoker.loader.jit import aot, warmup
-from stoker.loader.read import arrow
-arrow._JIT_AFTER_S = 0.0  # thread workers ask for the JIT gather at their second group
+from stoker.loader.jit import aot
 asked = []
 real = aot.function
 aot.function = lambda name: asked.append(name) or real(name)
@@ -209,28 +272,64 @@ for epoch in range(2):
     digests.append(h.hexdigest())
     # the kernels compiled ahead of time asked for: the gather's, the order's
     asks.append([asked.count("record_gather"), asked.count("order_range")])
-    warmup.wait()
 loader._source.wait_row_major()
 loader.close()
-print(json.dumps({"digests": digests, "asked": asks, "grouped":
-                  loader._source.batches_grouped,
-                  "jit": record_table.compiled(record_table._gather)}))
+print(json.dumps({"digests": digests, "asked": asks, "numba": "numba" in sys.modules,
+                  "grouped": loader._source.batches_grouped}))
 """
 
 
-def test_thread_workers_switch_to_the_jit_gather_and_no_byte_changes(
+def test_thread_workers_read_stored_records_without_numba_over_epochs(
         built: str, tmp_path: Path, three_shards: Path) -> None:
-    """Thread workers serving stored records through the gather compiled ahead of time (which
-    holds the GIL) load its JIT twin and use it from then on; both epochs give the bytes of a
-    run that never had the module."""
+    """Thread workers serve every group of both epochs through the gather compiled ahead of
+    time (it gives the GIL up, so they never load its JIT twin) and give the bytes of a run
+    that never had the module."""
     records = tmp_path / "records"
     ahead = {"STOKER_AOT": "on", "STOKER_AOT_DIR": built, "STOKER_COLD_START": "fallback"}
     jit = _run(_EPOCHS, three_shards, records, STOKER_AOT="off")  # builds, saves; JIT only
     assert jit["digests"][0] != jit["digests"][1]  # two epochs, two orders
-    switched = _run(_EPOCHS, three_shards, records, 2, **ahead)
-    assert switched["digests"] == jit["digests"]
-    assert switched["grouped"] > 0 and switched["jit"]
-    assert min(switched["asked"][0]) > 0 and switched["asked"][1] == [0, 0]
+    assert jit["numba"]
+    threads = _run(_EPOCHS, three_shards, records, 2, **ahead)
+    assert threads["digests"] == jit["digests"]
+    assert threads["grouped"] > 0 and not threads["numba"]
+    assert min(threads["asked"][0]) > 0
     alone = _run(_EPOCHS, three_shards, records, **ahead)
-    assert alone["digests"] == jit["digests"]
-    assert not alone["jit"] and min(alone["asked"][1]) > 0  # no workers: no switch
+    assert alone["digests"] == jit["digests"] and not alone["numba"]
+
+
+_GIL = """
+import json, sys, threading
+import numpy as np
+from stoker.loader.jit import aot
+from stoker.loader.order.epoch import EpochOrder
+from stoker.loader.order.options import OrderOptions
+order = EpochOrder(np.array([12_000_000], dtype=np.int64), "ab" * 16, 1, 0, OrderOptions())
+args = (np.int64(0), np.int64(order.num_samples), np.int64(1), *order._kernel_args())
+ahead = aot.function("order_range")
+calling, returned = threading.Event(), threading.Event()
+
+def call():
+    calling.set()
+    ahead(*args)
+    returned.set()
+
+# no forced hand-over of the GIL during the test: the only way this thread runs before the
+# kernel returns is the kernel giving the GIL up
+sys.setswitchinterval(30.0)
+thread = threading.Thread(target=call)
+thread.start()
+calling.wait()
+during = not returned.is_set()
+thread.join()
+print(json.dumps({"ran_during_the_kernel": during, "numba": "numba" in sys.modules}))
+"""
+
+
+def test_the_kernels_compiled_ahead_of_time_give_the_gil_up(built: str, tmp_path: Path) -> None:
+    """As ``nogil=True`` JIT kernels do: another thread runs Python while one is inside an
+    ahead-of-time kernel (a fresh process, so no other thread can take the GIL meanwhile)."""
+    out = subprocess.run([sys.executable, "-c", _GIL], check=True, text=True,
+                         capture_output=True, env={**os.environ, "STOKER_AOT": "on",
+                                                   "STOKER_AOT_DIR": built})
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"ran_during_the_kernel": True, "numba": False}
