@@ -12,11 +12,17 @@ list padding is 0 (tests/fastpath/test_cold_start.py compares them byte for byte
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from stoker.loader.fastpath import kernels as k
+from stoker.loader.jit import aot
 
-__all__ = ["gather_binary", "gather_fixed", "gather_list", "var_lengths"]
+if TYPE_CHECKING:
+    from stoker.loader.fastpath.plan import FastPlan
+
+__all__ = ["ahead", "gather_binary", "gather_fixed", "gather_list", "var_lengths"]
 
 # physical type code -> (index into arena_views' tuple, log2 of the value's byte width)
 # bytes per value past which gather_binary copies a slice per value instead of indexing every
@@ -140,3 +146,47 @@ def gather_binary(views: tuple[np.ndarray, ...], meta: np.ndarray, chunk: np.nda
         return
     owner, t = _ramp(count)
     out[offsets[dest[owner]] + t] = views[0][m[owner, 4] + a[owner] + t]
+
+
+class _Ahead:
+    """The plan kernels' interface (what :meth:`FastPlan.run
+    <stoker.loader.fastpath.plan.FastPlan.run>` calls) served by their twins compiled ahead of
+    time (stoker.loader.jit.aot), for a process that never imports Numba: its start-up holds
+    the GIL ~1 s, as long as a 2 M-row W1 epoch over stored records. A call the node's module
+    has no twin for (another dtype, index arrays not C-contiguous int64, binary values) goes
+    to the NumPy twin above: the same bytes either way (tests/fastpath/test_aot.py)."""
+
+    @staticmethod
+    def covers(plan: FastPlan) -> bool:
+        """Whether every output of ``plan`` is gathered by a twin compiled ahead of time."""
+        return all(o.kind in ("matrix", "fixed", "list") and o.dtype is not None and
+                   aot.function(f"{'gather_list' if o.kind == 'list' else 'gather_fixed'}_"
+                                f"{np.dtype(o.dtype).name}") is not None and
+                   (o.kind != "list" or aot.function("var_lengths") is not None)
+                   for o in plan.outputs)
+
+    @staticmethod
+    def gather_fixed(views: tuple[np.ndarray, ...], meta: np.ndarray, chunk: np.ndarray,
+                     row: np.ndarray, dest: np.ndarray, out: np.ndarray) -> None:
+        fn: Any = out.ndim == 2 and aot.twin(f"gather_fixed_{out.dtype.name}", meta, chunk,
+                                             row, dest)
+        (fn or gather_fixed)(views, meta, chunk, row, dest, out)
+
+    @staticmethod
+    def var_lengths(views: tuple[np.ndarray, ...], meta: np.ndarray, chunk: np.ndarray,
+                    row: np.ndarray, dest: np.ndarray, lengths: np.ndarray) -> None:
+        fn = aot.twin("var_lengths", meta, chunk, row, dest, lengths)
+        (fn or var_lengths)(views, meta, chunk, row, dest, lengths)
+
+    @staticmethod
+    def gather_list(views: tuple[np.ndarray, ...], meta: np.ndarray, chunk: np.ndarray,
+                    row: np.ndarray, dest: np.ndarray, out: np.ndarray) -> None:
+        fn: Any = out.ndim == 2 and aot.twin(f"gather_list_{out.dtype.name}", meta, chunk,
+                                             row, dest)
+        (fn or gather_list)(views, meta, chunk, row, dest, out)
+
+    gather_binary = staticmethod(gather_binary)
+
+
+#: the plan kernels' twins compiled ahead of time (see :class:`_Ahead`)
+ahead = _Ahead()

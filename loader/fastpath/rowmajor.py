@@ -218,9 +218,6 @@ def _builder(fn: Callable[..., None], name: str, dtype: np.dtype, *index: np.nda
     """Builder ``fn``, or, until this process loaded it, its twin compiled ahead of time for
     fields of ``dtype`` when the node has one (stoker.loader.jit.aot): a node's first run
     then builds records from the moment a shard opens, not after Numba's start-up (~0.9 s
-    into a run). The same bytes either way (tests/fastpath/test_aot.py). The twin is
-    compiled for C-contiguous int64 ``index`` arrays (metadata, starts) and checks no layout
-    itself."""
-    if compiled(fn) or not all(a.dtype == np.int64 and a.flags.c_contiguous for a in index):
-        return fn
-    return aot.function(f"{name}_{dtype.name}") or fn
+    into a run). The same bytes either way (tests/fastpath/test_aot.py); ``index``: the
+    metadata and starts arrays (:func:`stoker.loader.jit.aot.twin`)."""
+    return fn if compiled(fn) else aot.twin(f"{name}_{dtype.name}", *index) or fn

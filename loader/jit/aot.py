@@ -54,8 +54,8 @@ import xxhash
 
 from stoker.manifest import locations
 
-__all__ = ["BUILD_DTYPES", "EXPORTS", "build", "build_in_background", "directory", "enabled",
-           "function", "module_path"]
+__all__ = ["DTYPES", "EXPORTS", "build", "build_in_background", "directory", "enabled",
+           "function", "module_path", "twin"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,25 +66,32 @@ _VIEWS = "Tuple((" + ", ".join(
     f"Array({t}, 1, 'C', readonly=True)" for t in ("uint8", "int8", "int16", "int32", "int64",
                                                    "uint16", "uint32", "uint64", "float32",
                                                    "float64")) + "))"
-#: the record fields' dtypes the builders are exported for (any other: the JIT kernel)
-BUILD_DTYPES = ("float32", "float64", "int64", "int32")
+#: the dtypes of record fields and batch outputs the builders and the column gathers are
+#: exported for (any other: the JIT kernel, or its NumPy twin)
+DTYPES = ("float32", "float64", "int64", "int32")
+_K = "stoker.loader.fastpath.kernels"
 #: (exported name, defining module, attribute, signature): the kernels a later run of stored
-#: records calls, and the builders a node's first run calls
-#: (:func:`stoker.loader.fastpath.rowmajor.build`, ``<kernel>_<dtype>`` by the dtype of the
-#: field written), with the argument types the loader passes. A wrapper checks no more than
-#: each array's item size, so a caller must pick the export matching its arrays' dtypes,
-#: dimensions and layouts.
+#: records calls; the builders a node's first run calls
+#: (:func:`stoker.loader.fastpath.rowmajor.build`) and the column gathers of a batch
+#: (:data:`stoker.loader.fastpath.kernels_np.ahead`), ``<kernel>_<dtype>`` by the dtype of
+#: the array written; with the argument types the loader passes. A wrapper checks no more
+#: than each array's item size, so a caller picks the export matching its arrays' dtypes,
+#: dimensions and layouts (:func:`twin`).
 EXPORTS = (
     ("order_range", "stoker.loader.order.feistel", "order_range",
      f"int64[::1](int64, int64, int64, int64, int64, int64, int64, uint64[::1], {_A}, {_A})"),
     ("record_gather", "stoker.loader.fastpath.record_table", "_gather",
      f"UniTuple(int64, 2)({_A}, {_A}, int64, {_A}, {_A}, int64, {_A}, {_A}, {_A}, {_A}, {_A}, "
      f"{_A}, int64, {_A})"),
-    *((f"copy_fixed_{t}", "stoker.loader.fastpath.kernels", "copy_fixed",
-       f"none({_VIEWS}, int64[:, :, ::1], {_A}, int64, {t}[:, :])") for t in BUILD_DTYPES),
-    *((f"copy_list_ranges_{t}", "stoker.loader.fastpath.kernels", "copy_list_ranges",
-       f"none({_VIEWS}, int64[:, ::1], {_A}, {_A}, {_A}, {_A}, {t}[:, :])")
-      for t in BUILD_DTYPES),
+    *((f"copy_fixed_{t}", _K, "copy_fixed",
+       f"none({_VIEWS}, int64[:, :, ::1], {_A}, int64, {t}[:, :])") for t in DTYPES),
+    *((f"copy_list_ranges_{t}", _K, "copy_list_ranges",
+       f"none({_VIEWS}, int64[:, ::1], {_A}, {_A}, {_A}, {_A}, {t}[:, :])") for t in DTYPES),
+    *((f"gather_fixed_{t}", _K, "gather_fixed",
+       f"none({_VIEWS}, int64[:, :, ::1], {_A}, {_A}, {_A}, {t}[:, :])") for t in DTYPES),
+    *((f"gather_list_{t}", _K, "gather_list",
+       f"none({_VIEWS}, int64[:, ::1], {_A}, {_A}, {_A}, {t}[:, :])") for t in DTYPES),
+    ("var_lengths", _K, "var_lengths", f"none({_VIEWS}, int64[:, ::1], {_A}, {_A}, {_A}, {_A})"),
 )
 _LOADER = Path(__file__).resolve().parents[1]  # stoker/loader
 #: every source file the exported kernels' code comes from (kernels they call included)
@@ -139,6 +146,16 @@ def function(name: str) -> Callable[..., Any] | None:
                 _loaded.append(_load())
     module = _loaded[0]
     return None if module is None else getattr(module, name, None)
+
+
+def twin(name: str, *index: Any) -> Callable[..., Any] | None:
+    """:func:`function` ``name``, where every array of ``index`` is C-contiguous int64 (what
+    the exports' signatures declare for the index and metadata arrays: a wrapper would not
+    check it), else ``None``."""
+    if not all(a.dtype.kind == "i" and a.dtype.itemsize == 8 and a.flags.c_contiguous
+               for a in index):
+        return None
+    return function(name)
 
 
 def _load() -> ModuleType | None:

@@ -186,6 +186,9 @@ class ArrowSource:
         self._warm_later = self._plan is not None and not self.numba_free and records and \
             not warmup.kernels_wait() and aot.function("record_gather") is not None and \
             (self._rm.any_stored() or rowmajor.built_ahead(self._plan))  # type: ignore[union-attr]
+        #: and where the twins compiled ahead of time gather every output from the columns
+        #: too (kernels_np.ahead), no batch ever wants the JIT kernels
+        self._ahead = self._warm_later and kernels_np.ahead.covers(self._plan)
         self._warm = ((warm.plan_key(self._plan, records) if self._warm_later else
                        warm.start(self._plan, schema, records)), self._plan, schema, records) \
             if self._plan is not None and not self.numba_free else None
@@ -314,8 +317,8 @@ class ArrowSource:
             self._stager.opened(batches)
             return False
         served = self._rm is not None and self._rm.opened(index, data, batches)
-        if not served and not (self._warm_later and self._rm is not None and
-                               self._rm.covers(index)):
+        if not served and not self._ahead and not (self._warm_later and self._rm is not None
+                                                   and self._rm.covers(index)):
             self._warm_now()  # its columns are read: by the JIT kernels
         return served
 
@@ -441,7 +444,8 @@ class ArrowSource:
                     batch = self._plan.run(groups, len(ids), slot,
                                            lambda cols: table_to_batch(self.take(ids, cols)),
                                            (ids, self.fingerprint, seed, epoch), filled, rest,
-                                           kernels_np if twins else kernels, arrays)
+                                           (kernels_np.ahead if self._ahead else kernels_np)
+                                           if twins else kernels, arrays)
                     if twins:  # the warm-ups held back for the first batch compile now
                         warm.served()
                     return batch, None if digest is None else digest(batch, arrays)
@@ -536,13 +540,16 @@ class ArrowSource:
         the records of a shuffled batch's rows are being built by the builders compiled ahead
         of time (a node's first run): the twins serve its rows without records (the first
         batch; later ones wait for the builds, :meth:`_wait_for_records`), and the JIT
-        kernels are not loaded for that."""
+        kernels are not loaded for that; nor where the columns' twins compiled ahead of time
+        serve every output (``_ahead``): the batch is the kernels' own work, without Numba."""
         assert self._plan is not None  # noqa: S101
         if self.numba_free or self._stager is not None:
             if not self.numba_free:
                 note("compiling", f"batch of samples {_shown(ids)}")
             return {}, self._plan.groups(ids, self._starts, self._data_of), []
         filled, groups, rest = self._gather_records(ids, slot, numpy=True)
+        if self._ahead:
+            return filled, groups, rest  # the columns' twins compiled ahead of time serve
         if self._warm_later and (groups or rest) and not _contiguous(ids):
             if self._building():
                 return filled, groups, rest  # the twins serve the rows whose records build

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importli
 from fastpath_helpers import record_table, write_dataset  # noqa: E402
 
 from stoker.loader.fallbacks import collecting  # noqa: E402
-from stoker.loader.fastpath import kernels, rowmajor  # noqa: E402
+from stoker.loader.fastpath import kernels, kernels_np, rowmajor  # noqa: E402
 from stoker.loader.fastpath import record_table as rt  # noqa: E402
 from stoker.loader.fastpath.plan import FastPlan, ShardData  # noqa: E402
 from stoker.loader.fastpath.ring import BufferRing  # noqa: E402
@@ -113,7 +113,7 @@ def _every_builder_table(n: int, seed: int) -> pa.Table:
     table = {"f0": pa.array(rng.standard_normal(n).astype(np.float32), mask=rng.random(n) < 0.1),
              "f1": pa.array(rng.integers(-50, 50, n).astype(np.int16)),
              "c0": pa.array(rng.integers(0, 9, n).astype(np.int32), mask=rng.random(n) < 0.1)}
-    for dtype in aot.BUILD_DTYPES:
+    for dtype in aot.DTYPES:
         values = (rng.standard_normal(n * 3) * 1e3).astype(dtype)
         table[f"x_{dtype}"] = pa.array(values[:n], mask=rng.random(n) < 0.1)
         child = pa.array(values, mask=rng.random(n * 3) < 0.1)  # null values: written as 0
@@ -132,7 +132,7 @@ def test_the_record_builders_compiled_ahead_of_time_write_the_jit_bytes(
     arena = source.read_buffer(source.size())
     batches = pa.ipc.open_file(arena).read_all().to_batches()
     layout = RecordLayout.of(plan, batches)
-    assert layout is not None and len(layout.fields) == 2 + 2 * len(aot.BUILD_DTYPES)
+    assert layout is not None and len(layout.fields) == 2 + 2 * len(aot.DTYPES)
     asked: list[str] = []
     real = aot.function
     monkeypatch.setattr(aot, "function", lambda name: asked.append(name) or real(name))
@@ -140,12 +140,52 @@ def test_the_record_builders_compiled_ahead_of_time_write_the_jit_bytes(
         patched.setattr(rowmajor, "compiled", lambda fn: False)
         ahead = rowmajor.build(layout, ShardData(batches, arena, plan.kernel_columns))
     wanted = {f"{kind}_{t}" for kind in ("copy_fixed", "copy_list_ranges")
-              for t in aot.BUILD_DTYPES}
+              for t in aot.DTYPES}
     assert set(asked) == wanted and all(real(name) is not None for name in wanted)
     monkeypatch.setattr(aot, "_loaded", [None])  # the JIT kernels
     jit = rowmajor.build(layout, ShardData(batches, arena, plan.kernel_columns))
     assert rowmajor.compiled(kernels.copy_fixed) and rowmajor.compiled(kernels.copy_list_ranges)
     assert ahead.shape == jit.shape and ahead.tobytes() == jit.tobytes()
+
+
+@pytest.mark.parametrize("contiguous", [True, False], ids=["shuffled rows", "index views"])
+def test_the_column_gathers_compiled_ahead_of_time_write_the_jit_bytes(
+        on: str, tmp_path: Path, contiguous: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kernels_np.ahead, what a batch runs without Numba: every output dtype, nulls, lists;
+    where the index arrays are not C-contiguous (strided views) its NumPy twins serve, with
+    the same bytes."""
+    served: list[str] = []
+    real = aot.function
+    monkeypatch.setattr(aot, "function",
+                        lambda name: (fn := real(name)) and (served.append(name) or fn))
+    table = _every_builder_table(700, 8)
+    manifest = write_dataset(tmp_path / "data", [table], batch_rows=64)
+    columns = [c for c in table.column_names if c not in ("f0", "f1", "c0")]
+    plan = FastPlan(manifest.arrow_schema, ["f0", "f1", "c0", *columns], ["f0", "f1"], ["c0"])
+    assert kernels_np.ahead.covers(plan)
+    source = pa.memory_map(str(Path(manifest.root) / manifest.shards[0].path), "r")
+    arena = source.read_buffer(source.size())
+    data = ShardData(pa.ipc.open_file(arena).read_all().to_batches(), arena,
+                     plan.kernel_columns)
+    ids = np.random.default_rng(1).integers(0, 700, 300).astype(np.int64)
+    starts = np.array([0, 700], dtype=np.int64)
+    groups = plan.groups(ids, starts, lambda index: data)
+    if not contiguous:
+        groups = [(d, np.repeat(c, 2)[::2], np.repeat(r, 2)[::2], np.repeat(t, 2)[::2])
+                  for d, c, r, t in groups]
+        assert not groups[0][1].flags.c_contiguous
+    got = {}
+    for name, impl in (("ahead", kernels_np.ahead), ("jit", kernels)):
+        served.clear()
+        batch = plan.run(groups, len(ids), BufferRing(1).acquire(), dict, kernels=impl)
+        got[name] = {key: value.numpy().copy() for key, value in batch.items()}
+        if name == "ahead":
+            wanted = {f"gather_{kind}_{t}" for kind in ("fixed", "list") for t in aot.DTYPES}
+            assert set(served) == (wanted | {"var_lengths"} if contiguous else set())
+    assert got["ahead"].keys() == got["jit"].keys() and len(got["jit"]) == 10
+    for key, value in got["jit"].items():
+        assert got["ahead"][key].dtype == value.dtype and \
+            got["ahead"][key].tobytes() == value.tobytes(), key
 
 
 def test_another_code_or_a_broken_file_is_never_loaded(built: str, tmp_path: Path,
@@ -176,8 +216,8 @@ def test_another_code_or_a_broken_file_is_never_loaded(built: str, tmp_path: Pat
 _EPOCH = """
 import hashlib, json, os, sys
 from stoker.loader import DataLoader, ReadOptions, WorkerOptions
-loader = DataLoader(sys.argv[1], batch_size=16, shuffle=True, seed=4, columns=["id", "seq"],
-                    num_workers=int(sys.argv[2]),
+loader = DataLoader(sys.argv[1], batch_size=16, shuffle=os.environ.get("SHUFFLE", "1") == "1",
+                    seed=4, columns=["id", "seq"], num_workers=int(sys.argv[2]),
                     workers=WorkerOptions(mode=os.environ.get("WORKER_MODE", "thread")),
                     read=ReadOptions(features=["f0", "f1"], categoricals=["c0"], row_major=True))
 h = hashlib.sha256()
@@ -229,17 +269,19 @@ def test_a_run_of_stored_records_never_imports_numba(built: str, tmp_path: Path,
     assert jit["numba"] and jit["digest"] == first["digest"]
 
 
-@pytest.mark.parametrize("workers", [0, 2], ids=["no workers", "2 thread workers"])
+@pytest.mark.parametrize("workers,shuffle", [(0, "1"), (2, "1"), (0, "0")],
+                         ids=["shuffled", "shuffled, 2 thread workers", "natural order"])
 def test_a_nodes_first_run_builds_its_records_without_numba(built: str, tmp_path: Path,
-                                                           three_shards: Path,
-                                                           workers: int) -> None:
-    """No records stored yet, the builders compiled ahead of time: the shuffled run builds
-    and saves every shard's records without importing Numba (its start-up would hold the
-    GIL against the shard opens and the builds), reads the batches of a JIT run, and a
-    later run maps what it saved."""
-    jit = _run(_EPOCH, three_shards, tmp_path / "jit", STOKER_AOT="off")
+                                                           three_shards: Path, workers: int,
+                                                           shuffle: str) -> None:
+    """No records stored yet, the kernels compiled ahead of time: the run builds and saves
+    every shard's records and gathers the rows without records from the columns without
+    importing Numba (its start-up would hold the GIL against the shard opens and the
+    builds), reads the batches of a JIT run, and a later run maps what it saved."""
+    jit = _run(_EPOCH, three_shards, tmp_path / "jit", STOKER_AOT="off", SHUFFLE=shuffle)
     records = tmp_path / "records"
-    ahead = {"STOKER_AOT": "on", "STOKER_AOT_DIR": built, "STOKER_COLD_START": "fallback"}
+    ahead = {"STOKER_AOT": "on", "STOKER_AOT_DIR": built, "STOKER_COLD_START": "fallback",
+             "SHUFFLE": shuffle}
     first = _run(_EPOCH, three_shards, records, workers, **ahead)
     assert first["digest"] == jit["digest"] and not first["numba"]
     assert "compiling" not in first["fallbacks"]
