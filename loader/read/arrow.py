@@ -201,7 +201,7 @@ class ArrowSource:
     def _warm_now(self) -> None:
         """A batch or a shard needs the plan's JIT kernels: start their warm-up."""
         if self._warm_later:
-            self._warm_later = False
+            self._warm_later = self._ahead = False
             warm.start(*self._warm[1:])  # type: ignore[index]
 
     def stage(self, options: OrderOptions, rank: int, world_size: int) -> bool:
