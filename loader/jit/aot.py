@@ -5,18 +5,20 @@ dispatchers (~0.2 s), then the typing context of the first cached kernel (~0.25 
 holding the GIL. A later shuffled run of 2 M W1 rows whose records the node stored takes ~1 s
 in all, so that is half of it (bench/RESULTS.md, "Cold start"). The kernels such a run calls,
 the order's (:func:`stoker.loader.order.feistel.order_range`) and the records gather
-(``stoker.loader.fastpath.record_table._gather``), are compiled here with ``numba.pycc`` into
-a plain extension module (:data:`EXPORTS`, one signature each: the one the loader calls them
-with); importing it takes about a millisecond and imports no Numba (bench/aot_probe.py). Like
-the JIT kernels (``nogil``), they give the GIL up while they run, so thread workers gather at
-once: ``numba.pycc`` has no option for it, and :func:`_releasing_gil` sets the compiler flag
-its wrappers honour. Any other kernel, and these on a node without the module, stay Numba's
-JIT kernels.
+(``stoker.loader.fastpath.record_table._gather``), and those a node's first run over a
+dataset calls, the record builders (:func:`stoker.loader.fastpath.rowmajor.build`) and the
+column gathers (:data:`stoker.loader.fastpath.kernels_np.ahead`), for outputs of the
+:data:`DTYPES`, are compiled here with ``numba.pycc`` into a plain extension module
+(:data:`EXPORTS`, one signature each: the one the loader calls them with); importing it
+imports no Numba (bench/aot_probe.py). Like the JIT kernels (``nogil``), they give the GIL
+up while they run, so thread workers gather at once: ``numba.pycc`` has no option for it,
+and :func:`_releasing_gil` sets the compiler flag its wrappers honour. Any other kernel, and
+these on a node without the module, stay Numba's JIT kernels.
 
 The module is built once per node, in the background: a process whose JIT kernels loaded from
 Numba's cache (the node compiled them before) and found no module starts
 ``python -m stoker.loader.jit.aot`` in its own session at a low CPU priority
-(:func:`build_in_background`; ~5-8 s of one core), which later processes load
+(:func:`build_in_background`; ~11-14 s of one core), which later processes load
 (:func:`function`). Its name holds a hash of everything its code depends on (the kernels'
 source files, Numba's and Python's versions, the machine), so an upgrade or an edit builds a
 new one and an old one is never loaded. It is compiled for a generic CPU of the machine's
