@@ -185,13 +185,6 @@ class ShardRecords:
         """Whether this process has builds in progress (a cheap test before wait_built)."""
         return bool(self._builds) and self._pool is not None and self._pool[0] == os.getpid()
 
-    def covers(self, index: int) -> bool:
-        """Whether shard ``index``'s records serve, or this process is building them."""
-        with self._lock:
-            building = index in self._builds.values()
-        return building and self._pool is not None and self._pool[0] == os.getpid() or \
-            self.table is not None and index in self.table
-
     def wait_built(self, shards: np.ndarray) -> bool:
         """Wait until this process's builds of ``shards``' records in progress are done;
         whether there were any (their records then serve, or a failed build fell back). A

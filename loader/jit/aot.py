@@ -61,7 +61,7 @@ __all__ = ["DTYPES", "EXPORTS", "build", "build_in_background", "directory", "en
 
 logger = logging.getLogger(__name__)
 
-_FORMAT = "stoker-aot-2"  # 2: the kernels give the GIL up; the record builders
+_FORMAT = "stoker-aot-2"  # 2: the kernels give the GIL up; builders, column gathers
 _A = "int64[::1]"
 #: an arena's typed views (stoker.loader.fastpath.kernels.arena_views), read-only (a mapping)
 _VIEWS = "Tuple((" + ", ".join(

@@ -176,19 +176,22 @@ class ArrowSource:
         self._opened_ahead: set[int] = set()  # shards open_for_workers opened
         self._records_mode = self._rm.mode if self._rm is not None else 0  # bytes; -1: any
         records = bool(self._rm and self._rm.mode)
-        #: the plan's JIT kernels are warmed once a batch or a shard needs them, not before,
-        #: where records through the gather compiled ahead of time may serve every batch
-        #: (stoker.loader.jit.aot): stored ones, or ones built by the builders compiled ahead
-        #: of time (a node's first run: shuffled batches wait for them, _gather_twins). Such
-        #: a process never imports Numba, whose start-up holds the GIL ~1 s against the shard
-        #: opens and builds (not under STOKER_COLD_START=wait, where no batch is read by the
-        #: NumPy twins)
-        self._warm_later = self._plan is not None and not self.numba_free and records and \
+        #: where the kernels compiled ahead of time (stoker.loader.jit.aot) gather every
+        #: output from the columns too (kernels_np.ahead) and build the records, no batch ever
+        #: wants the JIT kernels: a node's first run included (shuffled batches wait for the
+        #: records being built, _wait_for_records)
+        self._ahead = self._plan is not None and not self.numba_free and records and \
             not warmup.kernels_wait() and aot.function("record_gather") is not None and \
-            (self._rm.any_stored() or rowmajor.built_ahead(self._plan))  # type: ignore[union-attr]
-        #: and where the twins compiled ahead of time gather every output from the columns
-        #: too (kernels_np.ahead), no batch ever wants the JIT kernels
-        self._ahead = self._warm_later and kernels_np.ahead.covers(self._plan)
+            kernels_np.ahead.covers(self._plan) and rowmajor.built_ahead(self._plan)
+        #: the plan's JIT kernels are warmed once a batch or a shard needs them, not before,
+        #: where stored records through the gather compiled ahead of time may serve every
+        #: batch, or where no batch wants them (_ahead): such a process never imports Numba,
+        #: whose start-up holds the GIL ~1 s against the shard opens and builds (not under
+        #: STOKER_COLD_START=wait, where no batch is read by the NumPy twins)
+        self._warm_later = self._ahead or self._plan is not None and not self.numba_free and \
+            records and not warmup.kernels_wait() and \
+            aot.function("record_gather") is not None and \
+            self._rm.any_stored()  # type: ignore[union-attr]
         self._warm = ((warm.plan_key(self._plan, records) if self._warm_later else
                        warm.start(self._plan, schema, records)), self._plan, schema, records) \
             if self._plan is not None and not self.numba_free else None
@@ -317,14 +320,9 @@ class ArrowSource:
             self._stager.opened(batches)
             return False
         served = self._rm is not None and self._rm.opened(index, data, batches)
-        if not served and not self._ahead and not (self._warm_later and self._rm is not None
-                                                   and self._rm.covers(index)):
-            self._warm_now()  # its columns are read: by the JIT kernels
+        if not served and not self._ahead:  # its columns are read: by the JIT kernels
+            self._warm_now()
         return served
-
-    def _building(self) -> bool:
-        """Whether this process is building records of opened shards."""
-        return self._rm is not None and self._rm.building()
 
     def _shard_stored(self, index: int) -> bool:
         """Whether shard ``index``'s records are likely stored (see OpenShards)."""
@@ -537,11 +535,8 @@ class ArrowSource:
         reading its columns: see :class:`~stoker.loader.read.open_shards.OpenShards`), the
         rest from the columns. No fallback where that gather served the whole batch before
         any JIT kernel was wanted (``_warm_later``): nothing waited for a compile; nor where
-        the records of a shuffled batch's rows are being built by the builders compiled ahead
-        of time (a node's first run): the twins serve its rows without records (the first
-        batch; later ones wait for the builds, :meth:`_wait_for_records`), and the JIT
-        kernels are not loaded for that; nor where the columns' twins compiled ahead of time
-        serve every output (``_ahead``): the batch is the kernels' own work, without Numba."""
+        the columns' twins compiled ahead of time serve every output (``_ahead``): the batch
+        is the kernels' own work, without Numba."""
         assert self._plan is not None  # noqa: S101
         if self.numba_free or self._stager is not None:
             if not self.numba_free:
@@ -550,10 +545,6 @@ class ArrowSource:
         filled, groups, rest = self._gather_records(ids, slot, numpy=True)
         if self._ahead:
             return filled, groups, rest  # the columns' twins compiled ahead of time serve
-        if self._warm_later and (groups or rest) and not _contiguous(ids):
-            if self._building():
-                return filled, groups, rest  # the twins serve the rows whose records build
-            filled, groups, rest = self._gather_records(ids, slot, numpy=True)  # built since?
         if self._warm_later and not groups and not rest:
             return filled, groups, rest  # all from the gather compiled ahead of time
         self._warm_now()

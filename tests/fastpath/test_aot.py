@@ -219,7 +219,9 @@ from stoker.loader import DataLoader, ReadOptions, WorkerOptions
 loader = DataLoader(sys.argv[1], batch_size=16, shuffle=os.environ.get("SHUFFLE", "1") == "1",
                     seed=4, columns=["id", "seq"], num_workers=int(sys.argv[2]),
                     workers=WorkerOptions(mode=os.environ.get("WORKER_MODE", "thread")),
-                    read=ReadOptions(features=["f0", "f1"], categoricals=["c0"], row_major=True))
+                    read=ReadOptions(features=["f0", "f1"], categoricals=["c0"],
+                                     row_major=os.environ.get("ROW_MAJOR", "on") == "on" or
+                                     os.environ["ROW_MAJOR"]))
 h = hashlib.sha256()
 for batch in loader:
     for key in sorted(batch):
@@ -267,6 +269,17 @@ def test_a_run_of_stored_records_never_imports_numba(built: str, tmp_path: Path,
     assert "compiling" not in ahead["fallbacks"]
     jit = _run(_EPOCH, three_shards, records, STOKER_AOT="off")  # the stored records
     assert jit["numba"] and jit["digest"] == first["digest"]
+
+
+def test_staged_rounds_read_the_same_batches_with_the_kernels_compiled_ahead_of_time(
+        built: str, tmp_path: Path, three_shards: Path) -> None:
+    """Rounds staged (``row_major="staged"``, as past memory) where the node has the module:
+    the batches of a run without it, and of per-shard records."""
+    ahead = {"STOKER_AOT": "on", "STOKER_AOT_DIR": built, "STOKER_COLD_START": "fallback"}
+    jit = _run(_EPOCH, three_shards, tmp_path / "jit", STOKER_AOT="off", ROW_MAJOR="staged")
+    staged = _run(_EPOCH, three_shards, tmp_path / "ahead", ROW_MAJOR="staged", **ahead)
+    records = _run(_EPOCH, three_shards, tmp_path / "records", **ahead)
+    assert staged["digest"] == jit["digest"] == records["digest"]
 
 
 @pytest.mark.parametrize("workers,shuffle", [(0, "1"), (2, "1"), (0, "0")],
