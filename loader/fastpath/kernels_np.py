@@ -12,7 +12,7 @@ list padding is 0 (tests/fastpath/test_cold_start.py compares them byte for byte
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -148,6 +148,16 @@ def gather_binary(views: tuple[np.ndarray, ...], meta: np.ndarray, chunk: np.nda
     out[offsets[dest[owner]] + t] = views[0][m[owner, 4] + a[owner] + t]
 
 
+def _by_dtype(name: str, numpy: Callable[..., None]) -> Callable[..., None]:
+    """A gather writing a 2-D ``out``: the node's twin ``<name>_<out's dtype>`` compiled ahead
+    of time, else its NumPy twin ``numpy``."""
+    def gather(views: tuple[np.ndarray, ...], meta: np.ndarray, chunk: np.ndarray,
+               row: np.ndarray, dest: np.ndarray, out: np.ndarray) -> None:
+        fn: Any = out.ndim == 2 and aot.twin(f"{name}_{out.dtype.name}", meta, chunk, row, dest)
+        (fn or numpy)(views, meta, chunk, row, dest, out)
+    return gather
+
+
 class _Ahead:
     """The plan kernels' interface (what :meth:`FastPlan.run
     <stoker.loader.fastpath.plan.FastPlan.run>` calls) served by their twins compiled ahead of
@@ -166,25 +176,13 @@ class _Ahead:
                    for o in plan.outputs)
 
     @staticmethod
-    def gather_fixed(views: tuple[np.ndarray, ...], meta: np.ndarray, chunk: np.ndarray,
-                     row: np.ndarray, dest: np.ndarray, out: np.ndarray) -> None:
-        fn: Any = out.ndim == 2 and aot.twin(f"gather_fixed_{out.dtype.name}", meta, chunk,
-                                             row, dest)
-        (fn or gather_fixed)(views, meta, chunk, row, dest, out)
-
-    @staticmethod
     def var_lengths(views: tuple[np.ndarray, ...], meta: np.ndarray, chunk: np.ndarray,
                     row: np.ndarray, dest: np.ndarray, lengths: np.ndarray) -> None:
         fn = aot.twin("var_lengths", meta, chunk, row, dest, lengths)
         (fn or var_lengths)(views, meta, chunk, row, dest, lengths)
 
-    @staticmethod
-    def gather_list(views: tuple[np.ndarray, ...], meta: np.ndarray, chunk: np.ndarray,
-                    row: np.ndarray, dest: np.ndarray, out: np.ndarray) -> None:
-        fn: Any = out.ndim == 2 and aot.twin(f"gather_list_{out.dtype.name}", meta, chunk,
-                                             row, dest)
-        (fn or gather_list)(views, meta, chunk, row, dest, out)
-
+    gather_fixed = staticmethod(_by_dtype("gather_fixed", gather_fixed))
+    gather_list = staticmethod(_by_dtype("gather_list", gather_list))
     gather_binary = staticmethod(gather_binary)
 
 
