@@ -4,10 +4,12 @@ natural order, never for a build a forked worker inherited, and never with other
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importli
 from fastpath_helpers import record_table, write_dataset  # noqa: E402
 
 from stoker.loader.fastpath import rowmajor  # noqa: E402
+from stoker.loader.read import arrow  # noqa: E402
 from stoker.loader.read.arrow import ArrowSource  # noqa: E402
 from stoker.manifest import Manifest  # noqa: E402
 
@@ -63,7 +66,12 @@ def _expected(m: Manifest, ids: np.ndarray) -> dict[str, Any]:
 
 
 def test_the_second_shuffled_batch_waits_for_the_builds_of_its_shards(
-        dataset: Manifest, tmp_path: Path, slow_builds: None) -> None:
+        dataset: Manifest, tmp_path: Path, slow_builds: None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the source's clock (read around each wait only) ticks 0.5 s a reading: the wait's
+    # seconds are counted from it, whatever the machine's speed
+    clock = SimpleNamespace(perf_counter=itertools.count(0, 0.5).__next__)
+    monkeypatch.setattr(arrow, "time", clock)
     ids = np.random.default_rng(2).permutation(105)
     first, second = ids[:40], ids[40:80]
     src = _source(dataset, tmp_path)
@@ -71,7 +79,7 @@ def test_the_second_shuffled_batch_waits_for_the_builds_of_its_shards(
         assert _bytes(src.fetch(first)) == _expected(dataset, first)  # from the columns
         assert src.records_waits == 0 and not len(src._records)  # the first never waits
         assert _bytes(src.fetch(second)) == _expected(dataset, second)
-        assert src.records_waits == 1 and src.records_wait_s > 0
+        assert src.records_waits == 1 and src.records_wait_s == 0.5
         assert sorted(src._records._records) == [0, 1]  # built before it was gathered
         src.fetch(ids[80:])
         assert src.records_waits == 1  # nothing left to wait for
