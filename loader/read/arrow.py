@@ -176,22 +176,22 @@ class ArrowSource:
         self._opened_ahead: set[int] = set()  # shards open_for_workers opened
         self._records_mode = self._rm.mode if self._rm is not None else 0  # bytes; -1: any
         records = bool(self._rm and self._rm.mode)
-        #: where the kernels compiled ahead of time (stoker.loader.jit.aot) gather every
-        #: output from the columns too (kernels_np.ahead) and build the records, no batch ever
-        #: wants the JIT kernels: a node's first run included (shuffled batches wait for the
-        #: records being built, _wait_for_records)
-        self._ahead = self._plan is not None and not self.numba_free and records and \
-            not warmup.kernels_wait() and aot.function("record_gather") is not None and \
-            kernels_np.ahead.covers(self._plan) and rowmajor.built_ahead(self._plan)
+        # records through the gather compiled ahead of time (stoker.loader.jit.aot) may serve
+        # batches (not under STOKER_COLD_START=wait, where no batch is read by the NumPy twins)
+        ahead_records = self._plan is not None and not self.numba_free and records and \
+            not warmup.kernels_wait() and aot.function("record_gather") is not None
+        #: where the kernels compiled ahead of time also gather every output from the columns
+        #: (kernels_np.ahead) and build the records, no batch ever wants the JIT kernels: a
+        #: node's first run included (shuffled batches wait for the records being built,
+        #: _wait_for_records)
+        self._ahead = ahead_records and kernels_np.ahead.covers(self._plan) and \
+            rowmajor.built_ahead(self._plan)
         #: the plan's JIT kernels are warmed once a batch or a shard needs them, not before,
-        #: where stored records through the gather compiled ahead of time may serve every
-        #: batch, or where no batch wants them (_ahead): such a process never imports Numba,
-        #: whose start-up holds the GIL ~1 s against the shard opens and builds (not under
-        #: STOKER_COLD_START=wait, where no batch is read by the NumPy twins)
-        self._warm_later = self._ahead or self._plan is not None and not self.numba_free and \
-            records and not warmup.kernels_wait() and \
-            aot.function("record_gather") is not None and \
-            self._rm.any_stored()  # type: ignore[union-attr]
+        #: where stored records may serve every batch, or where no batch wants them (_ahead):
+        #: such a process never imports Numba, whose start-up holds the GIL ~1 s against the
+        #: shard opens and builds
+        self._warm_later = self._ahead or \
+            ahead_records and self._rm.any_stored()  # type: ignore[union-attr]
         self._warm = ((warm.plan_key(self._plan, records) if self._warm_later else
                        warm.start(self._plan, schema, records)), self._plan, schema, records) \
             if self._plan is not None and not self.numba_free else None
