@@ -33,7 +33,6 @@ from stoker.loader.fastpath import kernels as k
 from stoker.loader.fastpath.ipc_meta import FileBatches
 from stoker.loader.fastpath.ring import fresh_pages
 from stoker.loader.jit import aot
-from stoker.loader.jit.kernel import compiled
 
 if TYPE_CHECKING:
     from stoker.loader.fastpath.plan import FastPlan, ShardData
@@ -220,4 +219,4 @@ def _builder(fn: Callable[..., None], name: str, dtype: np.dtype, *index: np.nda
     then builds records from the moment a shard opens, not after Numba's start-up (~0.9 s
     into a run). The same bytes either way (tests/fastpath/test_aot.py); ``index``: the
     metadata and starts arrays (:func:`stoker.loader.jit.aot.twin`)."""
-    return fn if compiled(fn) else aot.twin(f"{name}_{dtype.name}", *index) or fn
+    return aot.serving(fn, f"{name}_{dtype.name}", *index)

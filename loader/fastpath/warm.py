@@ -75,7 +75,10 @@ def prime_columns_to_records() -> None:
     """Load the kernel that makes indexed Parquet's plain row groups row-major
     (:func:`~stoker.loader.fastpath.kernels.columns_to_records`) in a warm-up thread, once per
     process: called by readers of indexed Parquet only (loading it from the cache takes
-    ~0.2 s of the warm-up thread, which every other loader would spend for nothing)."""
+    ~0.2 s of the warm-up thread, which every other loader would spend for nothing). Nothing
+    when the node compiled it ahead of time (stoker.loader.jit.aot): it then needs no Numba."""
+    if aot.function("columns_to_records") is not None:
+        return
     warmup.spawn(("columns_to_records",), _held, _columns_to_records)
 
 

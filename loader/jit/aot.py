@@ -54,10 +54,11 @@ from typing import Any, Callable, Iterator
 
 import xxhash
 
+from stoker.loader.jit.kernel import compiled
 from stoker.manifest import locations
 
 __all__ = ["DTYPES", "EXPORTS", "build", "build_in_background", "directory", "enabled",
-           "function", "module_path", "twin"]
+           "function", "module_path", "serving", "twin"]
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +95,8 @@ EXPORTS = (
     *((f"gather_list_{t}", _K, "gather_list",
        f"none({_VIEWS}, int64[:, ::1], {_A}, {_A}, {_A}, {t}[:, :])") for t in DTYPES),
     ("var_lengths", _K, "var_lengths", f"none({_VIEWS}, int64[:, ::1], {_A}, {_A}, {_A}, {_A})"),
+    ("columns_to_records", _K, "columns_to_records",
+     f"none({_A}, {_A}, {_A}, int64, int64, int64, int64)"),
 )
 _LOADER = Path(__file__).resolve().parents[1]  # stoker/loader
 #: every source file the exported kernels' code comes from (kernels they call included)
@@ -158,6 +161,14 @@ def twin(name: str, *index: Any) -> Callable[..., Any] | None:
                for a in index):
         return None
     return function(name)
+
+
+def serving(fn: Any, name: str, *index: Any) -> Any:
+    """The kernel to call for JIT kernel ``fn``: ``fn`` once this process compiled or
+    loaded it, else its export ``name`` where :func:`twin` allows it (no Numba start-up on
+    the caller's thread), else ``fn``. The same bytes either way
+    (tests/fastpath/test_aot.py)."""
+    return fn if compiled(fn) else twin(name, *index) or fn
 
 
 def _load() -> ModuleType | None:

@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from stoker.loader.fallbacks import note
 from stoker.loader.fastpath import kernels as k
-from stoker.loader.jit import executors, fork_gate
+from stoker.loader.jit import aot, executors, fork_gate
 from stoker.loader.jit.search import bucket_index
 from stoker.loader.order.epoch import EpochOrder, OrderOptions
 from stoker.loader.fastpath.record_table import _gather
@@ -425,7 +425,8 @@ def gather_rounds(ids: np.ndarray, rounds: Sequence[_Round], slot: Slot, layout:
     missing = np.empty(n, dtype=np.int64)
     if not fields:
         return arrays, np.arange(n, dtype=np.int64)
-    m, _ = _gather(ids, starts, shift, bucket, addrs, layout.stride,
+    gather = aot.serving(_gather, "record_gather", ids, starts, bucket, addrs)
+    m, _ = gather(ids, starts, shift, bucket, addrs, layout.stride,
                    np.array([f.offset for f in fields], dtype=np.int64),
                    np.array([f.nbytes for f in fields], dtype=np.int64),
                    np.array([o.__array_interface__["data"][0] for o in outs], dtype=np.int64),

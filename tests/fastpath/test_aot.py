@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -31,6 +32,7 @@ from stoker.loader.jit import aot  # noqa: E402
 from stoker.loader.order import feistel  # noqa: E402
 from stoker.loader.order.epoch import EpochOrder  # noqa: E402
 from stoker.loader.order.options import OrderOptions  # noqa: E402
+from stoker.tools.cli import main  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +108,32 @@ def test_the_records_gather_compiled_ahead_of_time_writes_the_jit_bytes(
         assert ahead[0][name][written].tobytes() == jit[0][name][written].tobytes(), name
 
 
+@pytest.mark.parametrize("rows", [0, 1, 257, 1000])
+def test_the_transpose_compiled_ahead_of_time_writes_the_jit_bytes(on: str, rows: int) -> None:
+    """``columns_to_records`` (plain indexed row groups made row-major): 1-, 2-, 4- and
+    8-byte values and a whole list row, at offsets that do and do not allow word moves."""
+    rng = np.random.default_rng(rows)
+    columns = [rng.integers(0, 255, rows, np.uint8), rng.integers(-9, 9, rows, np.int16),
+               rng.standard_normal(rows).astype(np.float32), rng.integers(-9, 9, rows),
+               rng.standard_normal((rows, 3)).astype(np.float32), rng.standard_normal(rows)]
+    offsets = np.array([0, 1, 4, 8, 16, 29], np.int64)  # the last 8-byte value is unaligned
+    sizes = np.array([c.itemsize * (c.shape[1] if c.ndim == 2 else 1) for c in columns],
+                     np.int64)
+    addrs = np.array([c.ctypes.data for c in columns], np.int64)
+    stride = 40
+    got, want = (np.zeros((rows, stride), np.uint8) for _ in range(2))
+    ahead = aot.function("columns_to_records")
+    assert ahead is not None
+    ahead(addrs, sizes, offsets, rows, 256, got.ctypes.data, stride)
+    kernels.columns_to_records(addrs, sizes, offsets, rows, 256, want.ctypes.data, stride)
+    assert got.tobytes() == want.tobytes()
+    assert rows == 0 or want[:, 4:8].copy().view(np.float32).ravel().tobytes() == \
+        columns[2].tobytes()  # the kernel's own bytes are the column's
+    if rows:
+        got[rows - 1, 29] ^= 1
+        assert got.tobytes() != want.tobytes()
+
+
 def _every_builder_table(n: int, seed: int) -> pa.Table:
     """Record fields of every dtype the builders are exported for: features (float32),
     categoricals (int64), fixed-width columns and fixed-length lists of each, with nulls."""
@@ -137,14 +165,14 @@ def test_the_record_builders_compiled_ahead_of_time_write_the_jit_bytes(
     real = aot.function
     monkeypatch.setattr(aot, "function", lambda name: asked.append(name) or real(name))
     with monkeypatch.context() as patched:  # as if this process had not loaded the JIT ones
-        patched.setattr(rowmajor, "compiled", lambda fn: False)
+        patched.setattr(aot, "compiled", lambda fn: False)
         ahead = rowmajor.build(layout, ShardData(batches, arena, plan.kernel_columns))
     wanted = {f"{kind}_{t}" for kind in ("copy_fixed", "copy_list_ranges")
               for t in aot.DTYPES}
     assert set(asked) == wanted and all(real(name) is not None for name in wanted)
     monkeypatch.setattr(aot, "_loaded", [None])  # the JIT kernels
     jit = rowmajor.build(layout, ShardData(batches, arena, plan.kernel_columns))
-    assert rowmajor.compiled(kernels.copy_fixed) and rowmajor.compiled(kernels.copy_list_ranges)
+    assert aot.compiled(kernels.copy_fixed) and aot.compiled(kernels.copy_list_ranges)
     assert ahead.shape == jit.shape and ahead.tobytes() == jit.tobytes()
 
 
@@ -302,6 +330,42 @@ def test_a_nodes_first_run_builds_its_records_without_numba(built: str, tmp_path
     assert sorted(p.read_bytes() for p in records.glob("*.rec")) == \
         sorted(p.read_bytes() for p in (tmp_path / "jit").glob("*.rec"))
     later = _run(_EPOCH, three_shards, records, **ahead)
+    assert later["digest"] == jit["digest"] and not later["numba"]
+
+
+def _plain_parquet(root: Path) -> Path:
+    """Two Parquet files (130 and 90 rows, row groups of 40) whose columns are all plain
+    (no nulls, no casts: stoker.loader.read.indexed.row_groups.plain_records), indexed in
+    place."""
+    rng = np.random.default_rng(5)
+    root.mkdir()
+    for name, n, start in (("a.parquet", 130, 0), ("b.parquet", 90, 130)):
+        seq = pa.FixedSizeListArray.from_arrays(pa.array(rng.standard_normal(n * 3, np.float32)), 3)
+        pq.write_table(pa.table({"id": np.arange(start, start + n),
+                                 "f0": rng.standard_normal(n, np.float32),
+                                 "f1": rng.standard_normal(n, np.float32),
+                                 "c0": rng.integers(0, 9, n), "seq": seq.cast(pa.list_(pa.float32()))}),
+                       root / name, row_group_size=40)
+    assert main(["index", str(root), "--quiet"]) == 0
+    return root
+
+
+@pytest.mark.parametrize("shuffle", ["1", "0"], ids=["shuffled (staged rounds)", "natural order"])
+def test_indexed_parquet_is_read_without_numba(built: str, tmp_path: Path, shuffle: str) -> None:
+    """Parquet indexed in place, the kernels compiled ahead of time: a node's first run
+    decodes the row groups and makes them row-major (``columns_to_records``), gathers staged
+    rounds (``record_gather``) and saves the groups' records without importing Numba, and
+    reads the batches of a run without the module; so does a later run mapping them."""
+    root = _plain_parquet(tmp_path / "data")
+    jit = _run(_EPOCH, root, tmp_path / "jit", STOKER_AOT="off", SHUFFLE=shuffle)
+    assert jit["numba"] or shuffle == "0"  # natural order loads the kernel only past 4 M rows
+    ahead = {"STOKER_AOT": "on", "STOKER_AOT_DIR": built, "STOKER_COLD_START": "fallback",
+             "SHUFFLE": shuffle}
+    records = tmp_path / "records"
+    first = _run(_EPOCH, root, records, **ahead)
+    assert first["digest"] == jit["digest"] and not first["numba"] and not first["fallbacks"]
+    assert len(list(records.glob("*.rec"))) == 7  # every row group's records saved
+    later = _run(_EPOCH, root, records, **ahead)
     assert later["digest"] == jit["digest"] and not later["numba"]
 
 

@@ -124,23 +124,65 @@ def test_the_next_group_is_decoded_ahead_and_its_errors_reach_the_reader() -> No
 
     from stoker.manifest import ShardIntegrityError
 
-    threads: dict[tuple[int, int], str] = {}
+    threads: list[tuple[int, str]] = []
 
     def read(file: int, group: int) -> pa.Table:
-        threads[(file, group)] = threading.current_thread().name
+        threads.append((group, threading.current_thread().name[:13]))
         if group == 3:
             raise ShardIntegrityError(f"file {file}: row group 3 changed")
         return pa.table({"x": np.full(ROWS, group, dtype=np.int64)})
 
     groups = RowGroups(read, lambda f: np.full(4, ROWS), ["x"], lambda b: None, 1 << 30)
-    groups._group(0, 0)
-    groups._group(0, 1)  # decoded ahead while group 0 was read, or being decoded: waited for
-    groups._group(0, 2)
+    for g in range(3):
+        groups._group(0, g)
+        if g < 2:
+            groups._ahead.wait((0, g + 1))  # the background thread's job, left to it
     with pytest.raises(ShardIntegrityError, match="row group 3 changed"):
-        groups._group(0, 3)  # failed ahead (or again here): the reader that needs it gets it
-    assert threads[(0, 0)] == threading.current_thread().name
-    assert all(threads[(0, g)].startswith("stoker-decode") for g in (1, 2))
+        groups._ahead.wait((0, 3))  # failed ahead: its waiter gets the error
+    with pytest.raises(ShardIntegrityError, match="row group 3 changed"):
+        groups._group(0, 3)  # decoded again here: the reader that needs it gets it
+    me = threading.current_thread().name[:13]
+    assert threads == [(0, me), (1, "stoker-decode"), (2, "stoker-decode"),
+                       (3, "stoker-decode"), (3, me)]
     assert groups.decoded == 3
+    groups.close()
+
+
+def test_a_round_decodes_every_group_it_reads_once_on_two_threads() -> None:
+    """A round that reads from several row groups has them decoded at once: the background
+    thread takes them in order while the round's thread, waiting for one, decodes the next
+    queued itself; each group once, and every run gets its own group's rows."""
+    import threading
+
+    threads: dict[tuple[int, int], set[str]] = {}
+    held = threading.Event()
+
+    def read(file: int, group: int) -> pa.Table:
+        threads.setdefault((file, group), set()).add(threading.current_thread().name)
+        if group == 1:  # the background thread takes group 1 first and holds it
+            held.wait(5)
+        return pa.table({"x": np.arange(group * ROWS, (group + 1) * ROWS, dtype=np.int64)})
+
+    groups = RowGroups(read, lambda f: np.full(4, ROWS), ["x"], lambda b: None, 1 << 30)
+    first = np.array([1, ROWS + 2, 2 * ROWS + 3, 3 * ROWS + 4], dtype=np.int64)
+    runs = groups.runs(0, first, first + 5, np.arange(4, dtype=np.int64) * 5)
+    got = [next(runs)]  # group 0, read here; groups 1-3 are queued
+    rest = threading.Thread(target=lambda: got.extend(runs))
+    rest.start()
+    for _ in range(500):  # the round's thread decodes 2 and 3 while 1 is held
+        if (0, 3) in threads:
+            break
+        threading.Event().wait(0.01)
+    held.set()
+    rest.join(10)
+    assert not rest.is_alive()
+    assert len(threads[(0, 1)]) == 1 and next(iter(threads[(0, 1)])).startswith("stoker-decode")
+    assert threads[(0, 0)] == {threading.current_thread().name}
+    assert threads[(0, 2)] == threads[(0, 3)] == {rest.name}
+    assert groups.decoded == 4
+    for g, (data, lo, hi, dest) in enumerate(got):
+        assert (lo.tolist(), hi.tolist(), dest.tolist()) == ([g + 1], [g + 6], [5 * g])
+        assert data is groups._kept[(0, g)][0]
     groups.close()
 
 

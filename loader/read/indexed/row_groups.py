@@ -27,6 +27,7 @@ from stoker.loader.fastpath import warm
 from stoker.loader.fastpath.plan import FastPlan, ShardData
 from stoker.loader.fastpath.ring import BufferRing, Slot
 from stoker.loader.fastpath.rowmajor import Field, RecordLayout
+from stoker.loader.jit import aot
 from stoker.loader.jit.ahead import Ahead
 from stoker.loader.read.indexed.group_records import GroupRecords
 from stoker.loader.read.staging import StagedRecords
@@ -108,8 +109,9 @@ def plain_records(batch: pa.RecordBatch, layout: RecordLayout,
             columns.append((f, [a.to_numpy() for a in arrays]))
     records = np.empty((n, layout.stride), np.uint8) if slot is None \
         else slot.array("records", (n, layout.stride), np.uint8)
-    if warm.usable(k.columns_to_records):
-        _transpose(columns, n, records)
+    transpose = aot.serving(k.columns_to_records, "columns_to_records")
+    if transpose is not k.columns_to_records or warm.usable(transpose):
+        _transpose(transpose, columns, n, records)
         return records
     fixed = []
     for f, values in columns:
@@ -126,17 +128,18 @@ def plain_records(batch: pa.RecordBatch, layout: RecordLayout,
     return records
 
 
-def _transpose(columns: list[tuple[Field, list[np.ndarray]]], rows: int,
-               records: np.ndarray) -> None:
-    """The columns of :func:`plain_records` into ``records`` by one kernel call
-    (:func:`~stoker.loader.fastpath.kernels.columns_to_records`)."""
+def _transpose(kernel: Callable[..., None], columns: list[tuple[Field, list[np.ndarray]]],
+               rows: int, records: np.ndarray) -> None:
+    """The columns of :func:`plain_records` into ``records`` by one call of ``kernel``
+    (:func:`~stoker.loader.fastpath.kernels.columns_to_records` or its twin compiled ahead
+    of time)."""
     addrs, sizes, offsets = [], [], []
     for f, values in columns:
         for j, v in enumerate(values):
             addrs.append(v.ctypes.data)
             sizes.append(v.itemsize * (f.width if f.kind == "list" else 1))
             offsets.append(f.offset + j * f.dtype.itemsize)
-    k.columns_to_records(np.array(addrs, np.int64), np.array(sizes, np.int64),
+    kernel(np.array(addrs, np.int64), np.array(sizes, np.int64),
                          np.array(offsets, np.int64), rows, _KERNEL_TILE_ROWS,
                          records.ctypes.data, records.shape[1])
 
@@ -197,8 +200,8 @@ class RowGroups:
             if hit is not None:
                 self._kept[key] = (hit[0], hit[1], self._round)
                 self._kept.move_to_end(key)
-        if hit is None:
-            self._ahead.wait(key)  # decoding ahead: wait for it, then look again
+        if hit is None:  # decoding ahead: wait for it (decoding others meanwhile), look again
+            self._ahead.wait(key, help=True)
             with self._lock:
                 hit = self._kept.get(key)
         data = hit[0] if hit is not None else self._load(key)
@@ -243,19 +246,23 @@ class RowGroups:
             self.stored.save(key[0], key[1], layout, records)
         return StagedRecords(records), records.nbytes  # rounds copy whole records out of it
 
-    def _decode_ahead(self, key: tuple[int, int]) -> None:
-        """Decode the group after the one a round just read, in the background: a partition's
-        cursor enters it next, and a round that waits for a decode stalls the batches (5 M
-        W1 rows at 12 partitions: a round is 12 batches, a group 64 rounds of one cursor)."""
+    def _decode_ahead(self, key: tuple[int, int], queued: int = 0) -> int:
+        """Decode group ``key`` in the background: the group after the one a round just read
+        (a partition's cursor enters it next, and a round that waits for a decode stalls the
+        batches: 5 M W1 rows at 12 partitions, a round is 12 batches, a group 64 rounds of
+        one cursor), or one a round is about to read (:meth:`runs`). Not past the budget,
+        counting ``queued`` bytes of groups queued before it; returns the bytes it queued."""
         count = self._groups.get(key[0])
         if count is None:
             count = self._groups[key[0]] = len(self._group_rows(key[0]))
         if key[1] >= count:
-            return
+            return 0
+        layout = self._layout()
         with self._lock:
-            if key in self._kept or self._bytes >= self._budget:
-                return
+            if key in self._kept or self._bytes + queued >= self._budget:
+                return 0
         self._ahead.start(key, lambda: self._load(key))
+        return int(self._group_rows(key[0])[key[1]]) * (layout.stride if layout else 0)
 
     def close(self) -> None:
         """Stop decoding ahead (a decode under way finishes); kept groups go with this."""
@@ -291,11 +298,15 @@ class RowGroups:
         starts = np.concatenate([[0], np.cumsum(self._group_rows(file))]).astype(np.int64)
         lo_group = np.searchsorted(starts, first, side="right") - 1
         hi_group = np.searchsorted(starts, end - 1, side="right") - 1
-        for g in range(int(lo_group.min()), int(hi_group.max()) + 1):
+        groups = [g for g in range(int(lo_group.min()), int(hi_group.max()) + 1)
+                  if ((lo_group <= g) & (hi_group >= g)).any()]
+        for i, g in enumerate(groups):
+            data = self._group(file, g)
+            if i == 0:  # the others decode meanwhile (the first fixed the layout)
+                queued = 0
+                for later in groups[1:]:
+                    queued += self._decode_ahead((file, later), queued)
             sel = np.flatnonzero((lo_group <= g) & (hi_group >= g))
-            if not len(sel):
-                continue
             lo = np.maximum(first[sel], starts[g])
             hi = np.minimum(end[sel], starts[g + 1])
-            yield (self._group(file, g), lo - starts[g], hi - starts[g],
-                   dest[sel] + lo - first[sel])
+            yield data, lo - starts[g], hi - starts[g], dest[sel] + lo - first[sel]
