@@ -205,11 +205,12 @@ def build(layout: RecordLayout, data: ShardData, skip: Sequence[str] = (),
 
 def built_ahead(plan: FastPlan) -> bool:
     """Whether every record field ``plan`` can have is built by a kernel compiled ahead of
-    time on this node (:func:`_builder`): building its records then needs no Numba."""
+    time on this node (:func:`_builder`), and copied into staged rounds by one
+    (stoker.loader.read.staging): building its records then needs no Numba."""
     dtypes = {np.dtype(o.dtype).name for o in plan.outputs
               if o.kind in ("matrix", "fixed", "list") and o.dtype is not None}
     return all(aot.function(f"{kind}_{d}") is not None for d in dtypes
-               for kind in ("copy_fixed", "copy_list_ranges"))
+               for kind in ("copy_fixed", "copy_list_ranges", "copy_ranges"))
 
 
 def _builder(fn: Callable[..., None], name: str, dtype: np.dtype, *index: np.ndarray

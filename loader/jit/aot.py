@@ -88,6 +88,9 @@ EXPORTS = (
      f"{_A}, int64, {_A})"),
     *((f"copy_fixed_{t}", _K, "copy_fixed",
        f"none({_VIEWS}, int64[:, :, ::1], {_A}, int64, {t}[:, :])") for t in DTYPES),
+    *((f"copy_ranges_{t}", _K, "copy_ranges",
+       f"none({_VIEWS}, int64[:, :, ::1], {_A}, {_A}, {_A}, {_A}, int64, {t}[:, :])")
+      for t in DTYPES),
     *((f"copy_list_ranges_{t}", _K, "copy_list_ranges",
        f"none({_VIEWS}, int64[:, ::1], {_A}, {_A}, {_A}, {_A}, {t}[:, :])") for t in DTYPES),
     *((f"gather_fixed_{t}", _K, "gather_fixed",

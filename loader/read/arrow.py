@@ -233,7 +233,8 @@ class ArrowSource:
         if self._rm is not None:
             self._rm.close()
         self._rm = None
-        self._warm_now()  # rounds are staged by kernels
+        if not self._ahead:  # rounds are staged by kernels (compiled ahead of time: _ahead)
+            self._warm_now()
         return True
 
     def _staged_files(self, past_memory: bool) -> StagedFiles | None:
@@ -423,10 +424,10 @@ class ArrowSource:
             try:
                 # or still compiling (past memory the kernels are waited for: a batch from
                 # the columns there costs a disk read per column and row)
-                twins = self.numba_free or (not self._shards.random_access and
-                                            not self._kernels_ready())
+                twins = self.numba_free or self._ahead or (not self._shards.random_access and
+                                                           not self._kernels_ready())
                 try:  # their NumPy twins write the same bytes now, from the same shards
-                    filled, groups, rest = self._gather_twins(ids, slot) if twins \
+                    filled, groups, rest = self._gather_twins(ids, slot, epoch, seed) if twins \
                         else self._gather_records(ids, slot, epoch, seed)
                 except NotZeroCopy as exc:  # a named fallback: counted, logged, in the ledger
                     note("not_zero_copy", f"{exc} (batch of samples {_shown(ids)})")
@@ -527,8 +528,8 @@ class ArrowSource:
             if into is None:
                 self._ring.release(slot)
 
-    def _gather_twins(self, ids: np.ndarray, slot: Any) -> tuple[dict[str, np.ndarray],
-                                                                  list[Any], list[Any]]:
+    def _gather_twins(self, ids: np.ndarray, slot: Any, epoch: int = 0, seed: int = 0
+                      ) -> tuple[dict[str, np.ndarray], list[Any], list[Any]]:
         """:meth:`_gather_records` while the JIT kernels compile or load, counted as a
         ``"compiling"`` fallback: outputs from the records the node stored, copied by NumPy or
         the gather compiled ahead of time (a shard whose records are stored is opened without
@@ -536,13 +537,13 @@ class ArrowSource:
         rest from the columns. No fallback where that gather served the whole batch before
         any JIT kernel was wanted (``_warm_later``): nothing waited for a compile; nor where
         the columns' twins compiled ahead of time serve every output (``_ahead``): the batch
-        is the kernels' own work, without Numba."""
+        is the kernels' own work, without Numba (staged rounds included)."""
         assert self._plan is not None  # noqa: S101
-        if self.numba_free or self._stager is not None:
+        if self.numba_free or self._stager is not None and not self._ahead:
             if not self.numba_free:
                 note("compiling", f"batch of samples {_shown(ids)}")
             return {}, self._plan.groups(ids, self._starts, self._data_of), []
-        filled, groups, rest = self._gather_records(ids, slot, numpy=True)
+        filled, groups, rest = self._gather_records(ids, slot, epoch, seed, numpy=True)
         if self._ahead:
             return filled, groups, rest  # the columns' twins compiled ahead of time serve
         if self._warm_later and not groups and not rest:

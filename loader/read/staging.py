@@ -494,10 +494,13 @@ def _halves(first: np.ndarray, end: np.ndarray, dest: np.ndarray,
 
 def _copy_fields(rec: np.ndarray, fields: Sequence[Field], d: ShardData, first: np.ndarray,
                  end: np.ndarray, dest: np.ndarray) -> None:
-    for f in fields:
+    for f in fields:  # the JIT kernels, or their twins compiled ahead of time
         view = rec[:, f.offset:f.offset + f.nbytes].view(f.dtype)
         if f.kind == "list":
-            k.copy_list_ranges(d.views, d.meta[f.name], d.starts, first, end, dest, view)
+            meta = d.meta[f.name]
+            aot.serving(k.copy_list_ranges, f"copy_list_ranges_{f.dtype.name}", meta, d.starts,
+                        first, end, dest)(d.views, meta, d.starts, first, end, dest, view)
         else:
-            k.copy_ranges(d.views, d.matrix_meta(f.columns), d.starts, first, end, dest, _TILE,
-                          view)
+            meta = d.matrix_meta(f.columns)
+            aot.serving(k.copy_ranges, f"copy_ranges_{f.dtype.name}", meta, d.starts, first,
+                        end, dest)(d.views, meta, d.starts, first, end, dest, _TILE, view)

@@ -302,12 +302,14 @@ def test_a_run_of_stored_records_never_imports_numba(built: str, tmp_path: Path,
 def test_staged_rounds_read_the_same_batches_with_the_kernels_compiled_ahead_of_time(
         built: str, tmp_path: Path, three_shards: Path) -> None:
     """Rounds staged (``row_major="staged"``, as past memory) where the node has the module:
-    the batches of a run without it, and of per-shard records."""
+    copied (``copy_ranges``, ``copy_list_ranges``) and gathered (``record_gather``) without
+    importing Numba, the batches of a run without it, and of per-shard records."""
     ahead = {"STOKER_AOT": "on", "STOKER_AOT_DIR": built, "STOKER_COLD_START": "fallback"}
     jit = _run(_EPOCH, three_shards, tmp_path / "jit", STOKER_AOT="off", ROW_MAJOR="staged")
     staged = _run(_EPOCH, three_shards, tmp_path / "ahead", ROW_MAJOR="staged", **ahead)
     records = _run(_EPOCH, three_shards, tmp_path / "records", **ahead)
     assert staged["digest"] == jit["digest"] == records["digest"]
+    assert jit["numba"] and not staged["numba"] and not staged["fallbacks"]
 
 
 @pytest.mark.parametrize("workers,shuffle", [(0, "1"), (2, "1"), (0, "0")],
