@@ -154,6 +154,19 @@ class RecordStore:
     def exists(self, name: str) -> bool:
         return os.path.exists(self._path(name))
 
+    def written(self, name: str, timeout: float) -> bool | None:
+        """Wait until no process writes file ``name`` (holds ``<name>.lock``: :meth:`build`,
+        :meth:`save`), at most ``timeout`` seconds: ``True`` when one was writing it and has
+        finished, ``False`` when none was, ``None`` when one still is."""
+        lock = FileLock(self._path(name) + ".lock")
+        if lock.acquire(shared=True, timeout=0):
+            lock.release()
+            return False
+        if not lock.acquire(shared=True, timeout=timeout):
+            return None
+        lock.release()
+        return True
+
     def discard(self, name: str) -> None:
         """Delete file ``name`` (records that differ from their shard: see
         :mod:`stoker.loader.fastpath.record_check`); a process that maps it keeps its mapping.

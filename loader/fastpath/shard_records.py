@@ -64,6 +64,9 @@ logger = logging.getLogger(__name__)
 # computes
 _BUILDERS = 2
 _LOOK_S = 0.1  # seconds between a forked worker's looks for records another process saved
+# longest a forked worker's shuffled batch waits for a shard's records being written by
+# another process (a 600,000-row W1 shard builds in ~0.3 s, 2 process workers busy)
+_SAVED_WAIT_S = 5.0
 
 
 class ShardRecords:
@@ -100,6 +103,7 @@ class ShardRecords:
         # index -> (data, misfits, file name, bytes); see look()
         self._waiting: dict[int, tuple[ShardData, list[str], str, int]] = {}
         self._next_look = 0.0
+        self._slow: set[int] = set()  # shards whose records wait_saved no longer waits for
         self._any_stored: bool | None = None  # see stored()
         self._builds: dict[Future[Any], int] = {}  # builds not finished -> their shard
 
@@ -268,6 +272,26 @@ class ShardRecords:
             self._get(index, data, misfits, name)
             found = True
         return found
+
+    def wait_saved(self, shards: np.ndarray) -> bool:
+        """In a forked worker under ``"auto"``: wait for the records of ``shards`` that
+        another process (the loader's own, for its workers) is writing into the store, at
+        most :data:`_SAVED_WAIT_S` seconds a shard, then map them (:meth:`look`); whether
+        any were mapped. A shard whose wait timed out is not waited for again (the writer
+        is stuck or slow: its rows keep coming from the columns)."""
+        store = self._store
+        if store is None or os.getpid() == self.owner_pid or not self._waiting:
+            return False
+        with self._lock:
+            names = [(i, self._waiting[i][2]) for i in shards.tolist()
+                     if i in self._waiting and i not in self._slow]
+        if not names:
+            return False
+        for index, name in names:
+            if store.written(name, _SAVED_WAIT_S) is None:
+                self._slow.add(index)
+        self._next_look = 0.0
+        return self.look()
 
     # -- getting records ----------------------------------------------------------------------
     def _get(self, index: int, data: ShardData, misfits: list[str], name: str | None) -> bool:

@@ -425,3 +425,24 @@ def test_records_built_in_place_are_published_verified_and_never_half_written(
         assert store.build("d.rec", 64, lambda out: pytest.fail("two writers")) is None
     finally:
         busy.release()
+
+
+def test_written_waits_for_the_process_writing_a_file(tmp_path: Path) -> None:
+    """``RecordStore.written``: ``False`` at once when no process writes the file, ``None``
+    when the writer still holds its lock at the timeout, ``True`` once it let go (a writer in
+    another process, holding ``<name>.lock`` as build and save do)."""
+    store = RecordStore(str(tmp_path))
+    name = "ab" * 16
+    assert store.written(name, 5.0) is False
+    lock = store._path(name) + ".lock"
+    writer = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from stoker.cache.lock import FileLock; l = FileLock(sys.argv[1]); "
+        "l.acquire(); print('held', flush=True); time.sleep(float(sys.argv[2])); l.release()"),
+        lock, "1.5"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "held"
+        assert store.written(name, 0.05) is None  # still writing
+        assert store.written(name, 30.0) is True  # it let go
+        assert store.written(name, 5.0) is False
+    finally:
+        writer.wait(10)

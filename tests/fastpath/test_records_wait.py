@@ -128,3 +128,51 @@ def test_a_forked_worker_never_waits_for_its_parents_builds(
         assert waited is False and took < 1.0
     finally:
         src.close()
+
+
+def _fetch_in_worker(src: ArrowSource, ids: np.ndarray, out: Any) -> None:
+    got = _bytes(src.fetch(ids))
+    out.put((got, src.records_waits, sorted(src._records._records)))  # type: ignore[union-attr]
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_worker_waits_for_the_records_its_loader_writes_for_it(
+        dataset: Manifest, tmp_path: Path, slow_builds: None) -> None:
+    """Records built for worker processes (``for_workers``: written in place into the store,
+    under the file's lock) are waited for by a forked worker's shuffled batch, then mapped:
+    it reads them instead of the columns, with the same bytes."""
+    src = _source(dataset, tmp_path)
+    src._rm.for_workers = True  # type: ignore[union-attr] - as open_for_workers sets it
+    ids = np.random.default_rng(4).permutation(105)
+    try:
+        src.fetch(ids[:40])  # opens both shards: their builds start, each holding its lock
+        assert len(src._rm._builds) == 2  # type: ignore[union-attr]
+        ctx = multiprocessing.get_context("fork")
+        out = ctx.Queue()
+        child = ctx.Process(target=_fetch_in_worker, args=(src, ids[40:80], out))
+        child.start()
+        got, waits, mapped = out.get(timeout=30)
+        child.join(10)
+        assert got == _expected(dataset, ids[40:80])
+        assert waits == 1 and mapped == [0, 1]  # both written meanwhile, both mapped
+    finally:
+        src.close()
+
+
+def test_a_first_group_read_batch_by_batch_waits_for_nothing(
+        dataset: Manifest, tmp_path: Path, slow_builds: None) -> None:
+    """A worker's first group of batches, without records, is read batch by batch and
+    delivered whole: none of them waits for the builds (the first batch would wait for
+    them all); the batch after the group does."""
+    src = _source(dataset, tmp_path)
+    ids = np.random.default_rng(5).permutation(105)
+    batches = [ids[i:i + 16] for i in range(0, 64, 16)]
+    try:
+        assert src.fetch_group(batches[:3], 0, 0, None) is None  # rows without records
+        for b in batches[:3]:
+            assert _bytes(src.fetch(b)) == _expected(dataset, b)
+        assert src.records_waits == 0
+        assert _bytes(src.fetch(batches[3])) == _expected(dataset, batches[3])
+        assert src.records_waits == 1
+    finally:
+        src.close()
