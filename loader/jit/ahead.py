@@ -93,19 +93,18 @@ class Ahead:
     def wait(self, key: Hashable, help: bool = False) -> None:
         """Wait for ``key``'s job if it is under way in this process; its error is raised
         here. ``help``: meanwhile run queued jobs on this thread (``key``'s first)."""
-        while True:
-            with self._lock:
-                if self._pool is None or self._pool[0] != os.getpid():
-                    return
-                job = self._pending.get(key)
-                taken = self._take(key) if help and job is not None else None
-            if job is None:
+        with self._lock:
+            if self._pool is None or self._pool[0] != os.getpid():
                 return
-            if taken is None:
+            job = self._pending.get(key)
+        if job is None:
+            return
+        while help and not job.future.done():
+            with self._lock:
+                taken = self._take(key)
+            if taken is None:  # nothing queued: key's job runs in another thread
                 break
             self._run(*taken)
-            if taken[1] is job:
-                break
         job.future.result()
 
     def close(self) -> None:
