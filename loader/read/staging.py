@@ -427,11 +427,11 @@ def gather_rounds(ids: np.ndarray, rounds: Sequence[_Round], slot: Slot, layout:
         return arrays, np.arange(n, dtype=np.int64)
     gather = aot.serving(_gather, "record_gather", ids, starts, bucket, addrs)
     m, _ = gather(ids, starts, shift, bucket, addrs, layout.stride,
-                   np.array([f.offset for f in fields], dtype=np.int64),
-                   np.array([f.nbytes for f in fields], dtype=np.int64),
-                   np.array([o.__array_interface__["data"][0] for o in outs], dtype=np.int64),
-                   np.array([o.strides[0] for o in outs], dtype=np.int64), missing,
-                   np.zeros(len(starts), dtype=np.int64), 1, np.empty(n, dtype=np.int64))
+                  np.array([f.offset for f in fields], dtype=np.int64),
+                  np.array([f.nbytes for f in fields], dtype=np.int64),
+                  np.array([o.__array_interface__["data"][0] for o in outs], dtype=np.int64),
+                  np.array([o.strides[0] for o in outs], dtype=np.int64), missing,
+                  np.zeros(len(starts), dtype=np.int64), 1, np.empty(n, dtype=np.int64))
     return arrays, missing[:m]  # none unless a round lacks an id: the column path
 
 

@@ -139,9 +139,8 @@ def _transpose(kernel: Callable[..., None], columns: list[tuple[Field, list[np.n
             addrs.append(v.ctypes.data)
             sizes.append(v.itemsize * (f.width if f.kind == "list" else 1))
             offsets.append(f.offset + j * f.dtype.itemsize)
-    kernel(np.array(addrs, np.int64), np.array(sizes, np.int64),
-                         np.array(offsets, np.int64), rows, _KERNEL_TILE_ROWS,
-                         records.ctypes.data, records.shape[1])
+    kernel(np.array(addrs, np.int64), np.array(sizes, np.int64), np.array(offsets, np.int64),
+           rows, _KERNEL_TILE_ROWS, records.ctypes.data, records.shape[1])
 
 
 def buffered_records(buffers: BufferRing, batch: pa.RecordBatch,
@@ -298,15 +297,14 @@ class RowGroups:
         starts = np.concatenate([[0], np.cumsum(self._group_rows(file))]).astype(np.int64)
         lo_group = np.searchsorted(starts, first, side="right") - 1
         hi_group = np.searchsorted(starts, end - 1, side="right") - 1
-        groups = [g for g in range(int(lo_group.min()), int(hi_group.max()) + 1)
-                  if ((lo_group <= g) & (hi_group >= g)).any()]
-        for i, g in enumerate(groups):
+        groups = [(g, sel) for g in range(int(lo_group.min()), int(hi_group.max()) + 1)
+                  if len(sel := np.flatnonzero((lo_group <= g) & (hi_group >= g)))]
+        for i, (g, sel) in enumerate(groups):
             data = self._group(file, g)
             if i == 0:  # the others decode meanwhile (the first fixed the layout)
                 queued = 0
-                for later in groups[1:]:
+                for later, _ in groups[1:]:
                     queued += self._decode_ahead((file, later), queued)
-            sel = np.flatnonzero((lo_group <= g) & (hi_group >= g))
             lo = np.maximum(first[sel], starts[g])
             hi = np.minimum(end[sel], starts[g + 1])
             yield data, lo - starts[g], hi - starts[g], dest[sel] + lo - first[sel]
