@@ -19,7 +19,7 @@ def _shard_bytes_sent(server) -> int:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.remote
-@pytest.mark.parametrize("worker_mode", ["thread"])  # process workers: see the issue 12 note
+@pytest.mark.parametrize("worker_mode", ["thread", "process"])
 def test_a_limit_at_the_working_set_fetches_each_epoch_about_once(
         dataset, fault_server, tmp_path, worker_mode: str) -> None:
     root, manifest = dataset(n_shards=40, rows=300, blob=512, grow=0)
