@@ -8,7 +8,9 @@ the order's (:func:`stoker.loader.order.feistel.order_range`) and the records ga
 (``stoker.loader.fastpath.record_table._gather``), and those a node's first run over a
 dataset calls, the record builders (:func:`stoker.loader.fastpath.rowmajor.build`) and the
 column gathers (:data:`stoker.loader.fastpath.kernels_np.ahead`), for outputs of the
-:data:`DTYPES`, are compiled here with ``numba.pycc`` into a plain extension module
+:data:`DTYPES`, and those of staged rounds (their copies, ``copy_ranges``, and indexed
+Parquet's transpose, ``columns_to_records``: stoker.loader.read.staging,
+stoker.loader.read.indexed.row_groups), are compiled here with ``numba.pycc`` into a plain extension module
 (:data:`EXPORTS`, one signature each: the one the loader calls them with); importing it
 imports no Numba (bench/aot_probe.py). Like the JIT kernels (``nogil``), they give the GIL
 up while they run, so thread workers gather at once: ``numba.pycc`` has no option for it,

@@ -59,7 +59,9 @@ _AHEAD = 2
 # that makes them row-major (stoker.loader.fastpath.warm.prime_columns_to_records): loading
 # them holds the GIL ~0.3 s, and the transpose saves ~5 ms a 65,536-row W1 group (a node's first
 # natural-order run of W1 rows: 2 M 1.01-1.08 M rows/s loading them against 1.18-1.31 M
-# not; 20 M in a 6 GiB cgroup 1.43-1.46 against 1.35)
+# not; 20 M in a 6 GiB cgroup 1.43-1.46 against 1.35). On a node with the kernels compiled
+# ahead of time (stoker.loader.jit.aot) no Numba is loaded and the transpose's twin serves
+# from the first group
 _KERNEL_ROWS = 4_000_000
 
 
