@@ -154,16 +154,12 @@ class RecordStore:
     def exists(self, name: str) -> bool:
         return os.path.exists(self._path(name))
 
-    def written(self, name: str, timeout: float) -> bool | None:
+    def written(self, name: str, timeout: float) -> bool:
         """Wait until no process writes file ``name`` (holds ``<name>.lock``: :meth:`build`,
-        :meth:`save`), at most ``timeout`` seconds: ``True`` when one was writing it and has
-        finished, ``False`` when none was, ``None`` when one still is."""
+        :meth:`save`), at most ``timeout`` seconds; whether none does by then."""
         lock = FileLock(self._path(name) + ".lock")
-        if lock.acquire(shared=True, timeout=0):
-            lock.release()
-            return False
         if not lock.acquire(shared=True, timeout=timeout):
-            return None
+            return False
         lock.release()
         return True
 

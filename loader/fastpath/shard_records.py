@@ -273,6 +273,12 @@ class ShardRecords:
             found = True
         return found
 
+    def records_coming(self) -> bool:
+        """Whether records of opened shards are on their way: built by this process
+        (:meth:`wait_built`), or, in a forked worker, written into the store by another
+        (:meth:`wait_saved`). A cheap test before either."""
+        return self.building() or (bool(self._waiting) and os.getpid() != self.owner_pid)
+
     def wait_saved(self, shards: np.ndarray) -> bool:
         """In a forked worker under ``"auto"``: wait for the records of ``shards`` that
         another process (the loader's own, for its workers) is writing into the store, at
@@ -288,7 +294,7 @@ class ShardRecords:
         if not names:
             return False
         for index, name in names:
-            if store.written(name, _SAVED_WAIT_S) is None:
+            if not store.written(name, _SAVED_WAIT_S):
                 self._slow.add(index)
         self._next_look = 0.0
         return self.look()

@@ -149,8 +149,9 @@ class ArrowSource:
         self._ring = BufferRing(ring_depth, pin)
         self._group_skip = (0, 0)  # (records then, groups left to decline): fetch_group
         self.batches_grouped = 0  # batches fetch_group served
-        self._gathered = False  # a batch was gathered (the next ones may wait for records)
-        self._first_batches = 0  # batches of a first group, read one by one, still to gather
+        # batches still to gather before one may wait for records (_wait_for_records): the
+        # first, or a first group read batch by batch (fetch_group)
+        self._firsts = 1
         self.records_waits = 0  # batches that waited for records being built (and seconds)
         self.records_wait_s = 0.0
         self._local = opener is None  # shards read in place, not through a cache
@@ -492,8 +493,8 @@ class ArrowSource:
         waits for records being built (:meth:`_wait_for_records`), as a first batch does not.
         """
         got = self._fetch_group(batches, epoch, seed, digest, into)
-        if got is None and not self._gathered:
-            self._first_batches = len(batches)
+        if got is None and self._firsts:
+            self._firsts = len(batches)
         return got
 
     def _fetch_group(self, batches: Sequence[np.ndarray], epoch: int, seed: int,
@@ -538,7 +539,7 @@ class ArrowSource:
             if into is None:
                 self._ring.release(slot)
 
-    def _gather_twins(self, ids: np.ndarray, slot: Any, epoch: int = 0, seed: int = 0
+    def _gather_twins(self, ids: np.ndarray, slot: Any, epoch: int, seed: int
                       ) -> tuple[dict[str, np.ndarray], list[Any], list[Any]]:
         """:meth:`_gather_records` while the JIT kernels compile or load, counted as a
         ``"compiling"`` fallback: outputs from the records the node stored, copied by NumPy or
@@ -611,8 +612,7 @@ class ArrowSource:
                                (not probe and self._wait_for_records(ids[positions]))):
             filled, positions = self._gather_once(ids, slot, numpy)
         if not probe:
-            self._first_batches = max(0, self._first_batches - 1)
-            self._gathered = self._first_batches == 0
+            self._firsts = max(0, self._firsts - 1)
         return filled, positions
 
     def _wait_for_records(self, ids: np.ndarray) -> bool:
@@ -633,8 +633,8 @@ class ArrowSource:
         cores, 2 process workers gathering from the columns took the cores the builds
         needed (2 M W1 rows, a node's first shuffled run: 1.6-2.9 s against 1.1 s without
         workers)."""
-        if self._rm is None or not self._gathered or len(ids) < 2 or \
-                _contiguous(ids) or not warm.usable(kernels.copy_fixed):
+        if self._rm is None or self._firsts or len(ids) < 2 or not self._rm.records_coming() \
+                or _contiguous(ids) or not warm.usable(kernels.copy_fixed):
             return False
         t0 = time.perf_counter()
         shards = np.unique(self.locate(ids)[0])

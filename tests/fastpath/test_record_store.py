@@ -428,21 +428,24 @@ def test_records_built_in_place_are_published_verified_and_never_half_written(
 
 
 def test_written_waits_for_the_process_writing_a_file(tmp_path: Path) -> None:
-    """``RecordStore.written``: ``False`` at once when no process writes the file, ``None``
+    """``RecordStore.written``: ``True`` at once when no process writes the file, ``False``
     when the writer still holds its lock at the timeout, ``True`` once it let go (a writer in
-    another process, holding ``<name>.lock`` as build and save do)."""
+    another process, holding ``<name>.lock`` as build and save do, that writes a marker
+    just before it lets go: seen, the wait lasted until then)."""
     store = RecordStore(str(tmp_path))
     name = "ab" * 16
-    assert store.written(name, 5.0) is False
-    lock = store._path(name) + ".lock"
+    assert store.written(name, 5.0) is True
+    lock, marker = store._path(name) + ".lock", tmp_path / "done"
     writer = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from stoker.cache.lock import FileLock; l = FileLock(sys.argv[1]); "
-        "l.acquire(); print('held', flush=True); time.sleep(float(sys.argv[2])); l.release()"),
-        lock, "1.5"], stdout=subprocess.PIPE, text=True)
+        "import pathlib, sys, time; from stoker.cache.lock import FileLock; "
+        "l = FileLock(sys.argv[1]); l.acquire(); print('held', flush=True); "
+        "time.sleep(float(sys.argv[2])); pathlib.Path(sys.argv[3]).touch(); l.release()"),
+        lock, "1.5", str(marker)], stdout=subprocess.PIPE, text=True)
     try:
         assert writer.stdout is not None and writer.stdout.readline().strip() == "held"
-        assert store.written(name, 0.05) is None  # still writing
+        assert store.written(name, 0.05) is False  # still writing
+        assert not marker.exists()
         assert store.written(name, 30.0) is True  # it let go
-        assert store.written(name, 5.0) is False
+        assert marker.exists()
     finally:
         writer.wait(10)
