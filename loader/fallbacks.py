@@ -66,6 +66,9 @@ REASONS = {
     "no_readahead": "a staged round could not advise the kernel of the shard pages it reads "
                     "(no madvise here, or it was refused): those pages fault in one by one, "
                     "with the kernel's read-around (stoker.loader.fastpath.advise)",
+    "no_populate": "a records build could not ask the kernel for a range's pages at once "
+                   "(madvise MADV_POPULATE_WRITE, Linux 5.14 and later): they fault in one by "
+                   "one as the build writes them, the same bytes (stoker.loader.fastpath.ring)",
     "no_io_priority": "a records builder thread could not put its disk reads in the idle I/O "
                       "class (ioprio_set refused): it reads at the loader's own priority "
                       "(stoker.loader.fastpath.shard_records.idle_io)",

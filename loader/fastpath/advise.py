@@ -28,9 +28,7 @@ and evicted again, so staged shards are then advised before pyarrow opens them
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
-import functools
 import mmap
 import os
 from typing import TYPE_CHECKING, Sequence
@@ -40,6 +38,7 @@ import numpy as np
 from stoker.loader import fallbacks
 from stoker.loader.fastpath import kernels as k
 from stoker.loader.fastpath.ipc_meta import message_ranges
+from stoker.loader.fastpath.ring import libc_fn
 from stoker.loader.fastpath.rowmajor import _physical_memory
 
 if TYPE_CHECKING:
@@ -47,9 +46,7 @@ if TYPE_CHECKING:
     from stoker.loader.fastpath.rowmajor import Field
 
 __all__ = ["advise_list_offsets", "advise_open", "advise_random", "advise_runs", "advise_whole",
-           "libc_fn",
-           "memory_limit",
-           "page_ranges", "run_byte_ranges", "shards_fit_memory"]
+           "memory_limit", "page_ranges", "run_byte_ranges", "shards_fit_memory"]
 
 _PAGE = mmap.PAGESIZE
 _NORMAL = getattr(mmap, "MADV_NORMAL", 0)
@@ -60,25 +57,6 @@ _WIDTH = np.zeros(11, dtype=np.int64)
 for _code, _width in ((k.I8, 1), (k.I16, 2), (k.I32, 4), (k.I64, 8), (k.U8, 1), (k.U16, 2),
                       (k.U32, 4), (k.U64, 8), (k.F32, 4), (k.F64, 8)):
     _WIDTH[_code] = _width
-
-@functools.lru_cache(maxsize=None)
-def _libc() -> ctypes.CDLL | None:
-    path = ctypes.util.find_library("c")  # runs ldconfig: once per process
-    return ctypes.CDLL(path, use_errno=True) if path else None
-
-
-@functools.lru_cache(maxsize=None)
-def libc_fn(name: str, *argtypes: type) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    """libc's ``name`` with its argument types set, looked up once (a round calls ``mincore``
-    once per run)."""
-    lib = _libc()
-    if lib is None or not hasattr(lib, name):
-        return None
-    fn = getattr(lib, name)
-    fn.argtypes = argtypes
-    fn.restype = ctypes.c_int
-    return fn
-
 
 def _pieces(starts: np.ndarray, first: np.ndarray,
             end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

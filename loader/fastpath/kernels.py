@@ -30,7 +30,7 @@ from stoker.loader.jit.kernel import kernel
 from stoker.loader.jit.search import last_at_or_below
 
 __all__ = ["BOOL", "CODES", "F32", "F64", "I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64",
-           "arena_views", "columns_to_records", "copy_fixed", "copy_list_ranges",
+           "arena_views", "columns_to_records", "copy_list_ranges",
            "copy_ranges", "gather_binary", "gather_fixed", "gather_list", "var_lengths"]
 
 # Physical type codes of fixed-width Arrow buffers (index into the ``views`` tuple, except BOOL,
@@ -190,14 +190,6 @@ def _copy_bool(u8, meta, j, c, lo, n, r0, out):  # type: ignore[no-untyped-def]
             out[r0 + i, j] = (u8[meta[c, j, 2] + (k >> 3)] >> (k & 7)) & 1
         else:
             out[r0 + i, j] = 0
-
-
-@kernel
-def copy_fixed(views, meta, starts, block, out):  # type: ignore[no-untyped-def]
-    """Every row of a shard, in order: ``out[starts[c] + r, j]`` = row ``r`` of record batch
-    ``c``, column ``j`` (the values :func:`gather_fixed` writes for that row)."""
-    one = np.zeros(1, dtype=np.int64)
-    copy_ranges(views, meta, starts, one, one + starts[-1], one, block, out)
 
 
 @kernel

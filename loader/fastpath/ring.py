@@ -16,21 +16,29 @@ after use.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
+import functools
 import math
 import mmap
+import os
 import sys
 import threading
 from typing import Any
 
 import numpy as np
 
-__all__ = ["BufferRing", "Slot", "fresh_pages"]
+from stoker.loader import fallbacks
+
+__all__ = ["BufferRing", "Slot", "fresh_pages", "libc_fn", "populate"]
 
 _PAGES_FROM = 1 << 20  # buffers from this size on are plain populated pages (fresh_pages)
 
 
-def fresh_pages(nbytes: int) -> np.ndarray:
-    """``nbytes`` uninitialised bytes in plain anonymous pages, faulted in at once.
+def fresh_pages(nbytes: int, faulted: bool = True) -> np.ndarray:
+    """``nbytes`` uninitialised bytes in plain anonymous pages, faulted in at once (unless
+    not ``faulted``: then as they are first written, or a range at a time by :func:`populate`).
 
     Not ``np.empty``: NumPy advises huge pages for large arrays, and with the kernel's
     ``defrag=madvise`` setting every fault then compacts memory; measured here a shard's copy
@@ -38,12 +46,55 @@ def fresh_pages(nbytes: int) -> np.ndarray:
     here), and the gathers were no faster with huge pages. Pages are populated up front
     (``MAP_POPULATE``, half the cost of one fault per page): the caller writes all of them.
     """
-    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0) | getattr(mmap, "MAP_POPULATE", 0)
+    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0) | \
+        (getattr(mmap, "MAP_POPULATE", 0) if faulted else 0)
     try:
         region = mmap.mmap(-1, nbytes, flags=flags)
     except (OSError, ValueError, TypeError):  # a platform without these flags
         region = mmap.mmap(-1, nbytes)
     return np.frombuffer(region, dtype=np.uint8)
+
+
+@functools.lru_cache(maxsize=None)
+def _libc() -> ctypes.CDLL | None:
+    path = ctypes.util.find_library("c")  # runs ldconfig: once per process
+    return ctypes.CDLL(path, use_errno=True) if path else None
+
+
+@functools.lru_cache(maxsize=None)
+def libc_fn(name: str, *argtypes: type) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    """libc's ``name`` with its argument types set, looked up once (a round calls ``mincore``
+    once per run)."""
+    lib = _libc()
+    if lib is None or not hasattr(lib, name):
+        return None
+    fn = getattr(lib, name)
+    fn.argtypes = argtypes
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_POPULATE_WRITE = 23  # MADV_POPULATE_WRITE (Linux 5.14)
+_populating: list[bool] = [True]  # until the kernel refuses once
+
+
+def populate(arr: np.ndarray) -> bool:
+    """Fault in the pages of the contiguous ``arr`` (in memory from :func:`fresh_pages`, not
+    yet ``faulted``) in one call that gives the GIL up, as ``MAP_POPULATE`` does for a whole
+    map: a records build of one range at a time pays for its own pages on its own thread.
+    Whether the kernel did; a kernel without it (before Linux 5.14) is the counted fallback
+    ``"no_populate"``, once per process: the pages then fault in as they are written."""
+    fn = libc_fn("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    if not _populating[0] or fn is None or not arr.nbytes:
+        return False
+    lo = arr.ctypes.data // mmap.PAGESIZE * mmap.PAGESIZE
+    if fn(lo, arr.ctypes.data + arr.nbytes - lo, _POPULATE_WRITE) == 0:
+        return True
+    err = ctypes.get_errno()
+    _populating[0] = False
+    fallbacks.note("no_populate", f"madvise(MADV_POPULATE_WRITE) of {arr.nbytes} bytes failed: "
+                                  f"{errno.errorcode.get(err, err)} {os.strerror(err)}")
+    return False
 
 
 def _refs(arr: np.ndarray) -> list[np.ndarray]:

@@ -31,20 +31,20 @@ import pyarrow as pa
 
 from stoker.loader.fastpath import kernels as k
 from stoker.loader.fastpath.ipc_meta import FileBatches
-from stoker.loader.fastpath.ring import fresh_pages
+from stoker.loader.fastpath.ring import fresh_pages, populate
 from stoker.loader.jit import aot
 
 if TYPE_CHECKING:
     from stoker.loader.fastpath.plan import FastPlan, ShardData
 
-__all__ = ["AUTO_BUDGET_BYTES", "Field", "RecordLayout", "RowMajorBudget", "build",
-           "built_ahead", "resolve_mode"]
+__all__ = ["AUTO_BUDGET_BYTES", "Field", "RecordLayout", "RowMajorBudget", "Tiles", "build",
+           "built_ahead", "copy_runs", "resolve_mode"]
 
 #: ``row_major="auto"`` keeps at most this many bytes of row-major copies alive: 2 GiB, or a
 #: quarter of physical memory when that is smaller.
 AUTO_BUDGET_BYTES = 2 << 30
 
-_TILE = 256  # rows per tile of copy_fixed: 256 rows x 64 float32 = 64 KiB stays in L1/L2
+_TILE = 256  # rows per block of copy_ranges: 256 rows x 64 float32 = 64 KiB stays in L1/L2
 
 
 def _physical_memory() -> int | None:
@@ -119,13 +119,13 @@ def _list_width(batches: Sequence[pa.RecordBatch], name: str) -> int:
     return 0 if lo != hi else lo
 
 
-def _allocate(rows: int, width: int, dtype: np.dtype) -> np.ndarray:
+def _allocate(rows: int, width: int, dtype: np.dtype, faulted: bool = True) -> np.ndarray:
     """An uninitialised ``[rows, width]`` array in plain anonymous pages
     (:func:`~stoker.loader.fastpath.ring.fresh_pages`)."""
     nbytes = rows * width * dtype.itemsize
     if nbytes == 0:
         return np.empty((rows, width), dtype=dtype)
-    return fresh_pages(nbytes).view(dtype).reshape(rows, width)
+    return fresh_pages(nbytes, faulted).view(dtype).reshape(rows, width)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,23 +184,114 @@ def build(layout: RecordLayout, data: ShardData, skip: Sequence[str] = (),
     """The records of ``data``'s shard: uint8 ``[rows, layout.stride]``, written into ``out``
     (``rows * stride`` bytes) or new anonymous memory; fields in ``skip`` (the shard's
     :meth:`RecordLayout.misfits`) are left unwritten."""
-    rows = int(data.starts[-1])
-    rec = _allocate(rows, layout.stride, np.dtype(np.uint8)) if out is None \
-        else out.reshape(rows, layout.stride)
-    for f in layout.fields:
+    return Tiles(layout, data, skip, out).build()
+
+
+def copy_runs(rec: np.ndarray, fields: Sequence[Field], data: ShardData, first: np.ndarray,
+              end: np.ndarray, dest: np.ndarray) -> None:
+    """Runs of consecutive shard rows ``first[i]:end[i]`` -> records ``rec[dest[i]:]``, the
+    ``fields`` of each (by the JIT kernels, or their twins compiled ahead of time)."""
+    for f in fields:
         view = rec[:, f.offset:f.offset + f.nbytes].view(f.dtype)
-        if f.name in skip:
-            continue
         if f.kind == "list":
-            whole = np.zeros(1, dtype=np.int64)  # one run: every row of the shard, in order
             meta = data.meta[f.name]
-            _builder(k.copy_list_ranges, "copy_list_ranges", f.dtype, meta, data.starts)(
-                data.views, meta, data.starts, whole, data.starts[-1:], whole, view)
+            _builder(k.copy_list_ranges, "copy_list_ranges", f.dtype, meta, data.starts, first,
+                     end, dest)(data.views, meta, data.starts, first, end, dest, view)
         else:
             meta = data.matrix_meta(f.columns)
-            _builder(k.copy_fixed, "copy_fixed", f.dtype, meta, data.starts)(
-                data.views, meta, data.starts, _TILE, view)
-    return rec
+            _builder(k.copy_ranges, "copy_ranges", f.dtype, meta, data.starts, first, end,
+                     dest)(data.views, meta, data.starts, first, end, dest, _TILE, view)
+
+
+class Tiles:
+    """One shard's records, built ``TILE_ROWS`` rows at a time by whichever threads need
+    them, each tile once.
+
+    The shard's builder thread (:meth:`build`) takes tiles from the last one back; a batch
+    in natural order (:meth:`read`, stoker.loader.read.arrow) builds the tiles its rows fall
+    in, from the first one on, and copies its rows out of them while they are in cache. On a
+    node's first run a natural-order batch otherwise gathers its rows from the columns while
+    the builder copies the same rows into records: the same columns read twice, on a
+    machine whose two cores are then both busy. Each tile's pages are faulted in by the
+    thread that builds it (:func:`~stoker.loader.fastpath.ring.populate`): on a VM that
+    hands idle memory back to its host, faulting is most of a build's cost (bench/RESULTS.md
+    "Fresh memory").
+
+    Args:
+        layout: the records' layout.
+        data: the open shard.
+        skip: fields left unwritten (the shard's :meth:`RecordLayout.misfits`).
+        out: ``rows * stride`` bytes to build into (a file's map: stoker.loader.fastpath.
+            record_store), else new anonymous memory.
+    """
+
+    TILE_ROWS = 16384  # ~6 MB of W1 records: a build worth a call, a wait short next to a batch
+
+    def __init__(self, layout: RecordLayout, data: ShardData, skip: Sequence[str] = (),
+                 out: np.ndarray | None = None) -> None:
+        self.rows = int(data.starts[-1])
+        self.skip = tuple(skip)
+        self.records = _allocate(self.rows, layout.stride, np.dtype(np.uint8),
+                                 faulted=False) if out is None \
+            else out.reshape(self.rows, layout.stride)
+        self._populate = out is None and self.records.nbytes > 0
+        self._fields = [f for f in layout.fields if f.name not in self.skip]
+        self._data = data
+        self._state = bytearray(-(-self.rows // self.TILE_ROWS))  # _FREE, _BUSY, _DONE
+        self._left = len(self._state)
+        self._cond = threading.Condition()
+
+    def build(self) -> np.ndarray:
+        """Build every tile not taken yet, from the last one back; then wait for those other
+        threads build. The records."""
+        while (t := self._take_last()) is not None:
+            self._make(t)
+        with self._cond:
+            while self._left:
+                self._cond.wait()
+        return self.records
+
+    def read(self, lo: int, hi: int) -> np.ndarray:
+        """Records of shard rows ``lo:hi``: their tiles built now by this thread when no
+        other thread has taken them, else waited for."""
+        for t in range(lo // self.TILE_ROWS, (hi - 1) // self.TILE_ROWS + 1):
+            with self._cond:
+                while self._state[t] == _BUSY:
+                    self._cond.wait()
+                mine = self._state[t] == _FREE
+                if mine:
+                    self._state[t] = _BUSY
+            if mine:
+                self._make(t)
+        return self.records[lo:hi]
+
+    def _take_last(self) -> int | None:
+        with self._cond:
+            free = self._state.rfind(_FREE)
+            if free < 0:
+                return None
+            self._state[free] = _BUSY
+            return free
+
+    def _make(self, t: int) -> None:
+        """Build tile ``t`` (taken by this thread); given back untouched if that fails."""
+        lo = t * self.TILE_ROWS
+        hi = min(self.rows, lo + self.TILE_ROWS)
+        made = False
+        try:
+            if self._populate:
+                populate(self.records[lo:hi])
+            copy_runs(self.records, self._fields, self._data, np.array([lo]), np.array([hi]),
+                      np.array([lo]))
+            made = True
+        finally:
+            with self._cond:
+                self._state[t] = _DONE if made else _FREE
+                self._left -= made
+                self._cond.notify_all()
+
+
+_FREE, _BUSY, _DONE = 0, 1, 2
 
 
 def built_ahead(plan: FastPlan) -> bool:
@@ -210,7 +301,7 @@ def built_ahead(plan: FastPlan) -> bool:
     dtypes = {np.dtype(o.dtype).name for o in plan.outputs
               if o.kind in ("matrix", "fixed", "list") and o.dtype is not None}
     return all(aot.function(f"{kind}_{d}") is not None for d in dtypes
-               for kind in ("copy_fixed", "copy_list_ranges", "copy_ranges"))
+               for kind in ("copy_list_ranges", "copy_ranges"))
 
 
 def _builder(fn: Callable[..., None], name: str, dtype: np.dtype, *index: np.ndarray

@@ -42,8 +42,8 @@ import pyarrow as pa
 
 from stoker.cache.store.derived import DerivedFiles
 from stoker.loader.fastpath import record_check, rowmajor, warm
-from stoker.loader.fastpath.advise import (advise_list_offsets, advise_runs, advise_whole,
-                                           libc_fn)
+from stoker.loader.fastpath.advise import advise_list_offsets, advise_runs, advise_whole
+from stoker.loader.fastpath.ring import libc_fn
 from stoker.loader.fallbacks import note
 from stoker.loader.jit import executors, fork_gate
 from stoker.loader.fastpath.record_store import RecordStore
@@ -106,6 +106,7 @@ class ShardRecords:
         self._slow: set[int] = set()  # shards whose records wait_saved no longer waits for
         self._any_stored: bool | None = None  # see stored()
         self._builds: dict[Future[Any], int] = {}  # builds not finished -> their shard
+        self._tiles: dict[int, rowmajor.Tiles] = {}  # this process's builds in progress
 
     @property
     def nbytes(self) -> int:
@@ -171,11 +172,15 @@ class ShardRecords:
                 found = name is not None and store.exists(name)  # type: ignore[union-attr]
         if self.mode < 0 or found:
             return self._get(index, data, misfits, name) and not misfits and self._serves_all()
-        if name is not None:  # a worker forked before the build maps it later (look())
-            with self._lock:
+        builders = self._pools()[0]
+        with self._lock:
+            if name is not None:  # a worker forked before the build maps it later (look())
                 self._waiting[index] = (data, misfits, name, nbytes)
-        build = self._pools()[0].submit(warm.after_first_batch, _gated, self._get, index, data,
-                                        misfits, name)
+            if not self.for_workers and os.getpid() == self.owner_pid:
+                # built in this process's memory: its batches may build tiles from now on
+                self._tiles[index] = rowmajor.Tiles(layout, data, misfits)
+        build = builders.submit(warm.after_first_batch, _gated, self._get, index, data, misfits,
+                                name)
         with self._lock:
             self._builds[build] = index
         build.add_done_callback(self._built)
@@ -183,7 +188,12 @@ class ShardRecords:
 
     def _built(self, build: Future[Any]) -> None:
         with self._lock:
-            self._builds.pop(build, None)
+            index = self._builds.pop(build, None)
+        exc = None if build.cancelled() else build.exception()
+        if exc is not None:  # not one _get names: a bug, said loudly (the columns serve)
+            logger.error("building the row-major records of shard %s failed", index,
+                         exc_info=exc)
+            note("row_major_failed", f"shard {index}: {type(exc).__name__}: {exc}")
 
     def building(self) -> bool:
         """Whether this process has builds in progress (a cheap test before wait_built)."""
@@ -224,6 +234,7 @@ class ShardRecords:
     def dropped(self, index: int) -> None:
         """Shard ``index`` closed (call under the source's lock): release its records."""
         self._waiting.pop(index, None)
+        self._tiles.pop(index, None)
         self._budget.release(self._bytes.pop(index, 0))
         if self.table is not None:
             self.table.remove(index)
@@ -314,7 +325,12 @@ class ShardRecords:
             # a named fallback: the column path still serves this shard
             note("row_major_failed", f"shard {index}: {type(exc).__name__}: {exc}")
             records, built = None, False
+        except BaseException:
+            with self._lock:
+                self._tiles.pop(index, None)
+            raise
         with self._lock:
+            self._tiles.pop(index, None)  # with the table's add: batches see one or the other
             if records is None or not self._current(index, data):
                 self._budget.release(self._bytes.pop(index, 0))
                 return False
@@ -322,8 +338,11 @@ class ShardRecords:
             self._waiting.pop(index, None)
         if built and self._store is not None and name is not None:
             # after add: the save then swaps the served records for the file's mapping
-            self._pools()[1].submit(_gated, self._save, self._store, name, index, data,
-                                    records, misfits)
+            try:
+                self._pools()[1].submit(_gated, self._save, self._store, name, index, data,
+                                        records, misfits)
+            except RuntimeError as exc:  # closed, or the interpreter exits: a later run saves
+                logger.debug("row-major records of shard %d not saved: %s", index, exc)
         return not built
 
     def open_store(self) -> RecordStore | None:
@@ -346,7 +365,7 @@ class ShardRecords:
         layout = self.table.layout  # type: ignore[union-attr]
         store = self._store
         if store is None or name is None:
-            return rowmajor.build(layout, data, misfits), True
+            return self._build(index, layout, data, misfits), True
         rows = int(data.starts[-1])
         found = store.open(name, rows * layout.stride)
         if found is not None:
@@ -359,10 +378,35 @@ class ShardRecords:
             data.random_advised = not advise_whole(data.arena)
         if self.for_workers:  # they map the file: built in place, mapped once it is written
             stored = store.build(name, rows * layout.stride,
-                                 lambda out: rowmajor.build(layout, data, misfits, out))
+                                 lambda out: self._build(index, layout, data, misfits, out))
             if stored is not None:
                 return stored.reshape(rows, layout.stride), False
-        return rowmajor.build(layout, data, misfits), True
+        return self._build(index, layout, data, misfits), True
+
+    def _build(self, index: int, layout: rowmajor.RecordLayout, data: ShardData,
+               misfits: list[str], out: np.ndarray | None = None) -> np.ndarray:
+        """Build shard ``index``'s records (into ``out``, else new memory, where the shard's
+        opening made its tiles already), tile by tile (rowmajor.Tiles): natural-order batches
+        build the tiles they read meanwhile (:meth:`tiles`)."""
+        with self._lock:
+            tiles = self._tiles.get(index)
+            if tiles is None or out is not None:
+                tiles = self._tiles[index] = rowmajor.Tiles(layout, data, misfits, out)
+        return tiles.build()
+
+    def tiles(self, index: int) -> rowmajor.Tiles | None:
+        """Shard ``index``'s records while this process builds them, tile by tile, with every
+        field (no misfits); else ``None``. A batch in natural order builds and reads the
+        tiles its rows fall in (stoker.loader.read.arrow)."""
+        with self._lock:
+            if self._pool is None or self._pool[0] != os.getpid():
+                return None  # a forked worker's copies of its parent's builds
+            tiles = self._tiles.get(index)
+        return None if tiles is None or tiles.skip else tiles
+
+    def tiling(self) -> bool:
+        """Whether any build is in progress (a cheap test before :meth:`tiles`)."""
+        return bool(self._tiles)
 
     def _matches(self, store: RecordStore, name: str, index: int, data: ShardData,
                  records: np.ndarray, misfits: list[str]) -> bool:
@@ -421,6 +465,7 @@ class ShardRecords:
                               ThreadPoolExecutor(_BUILDERS, thread_name_prefix="stoker-rowmajor"),
                               ThreadPoolExecutor(1, thread_name_prefix="stoker-rowmajor-save"))
                 self._builds = {}  # a forked child's copies of its parent's: never finish
+                self._tiles = {}
             return self._pool[1], self._pool[2]
 
 

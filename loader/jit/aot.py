@@ -88,8 +88,6 @@ EXPORTS = (
     ("record_gather", "stoker.loader.fastpath.record_table", "_gather",
      f"UniTuple(int64, 2)({_A}, {_A}, int64, {_A}, {_A}, int64, {_A}, {_A}, {_A}, {_A}, {_A}, "
      f"{_A}, int64, {_A})"),
-    *((f"copy_fixed_{t}", _K, "copy_fixed",
-       f"none({_VIEWS}, int64[:, :, ::1], {_A}, int64, {t}[:, :])") for t in DTYPES),
     *((f"copy_ranges_{t}", _K, "copy_ranges",
        f"none({_VIEWS}, int64[:, :, ::1], {_A}, {_A}, {_A}, {_A}, int64, {t}[:, :])")
       for t in DTYPES),

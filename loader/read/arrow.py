@@ -153,6 +153,7 @@ class ArrowSource:
         # first, or a first group read batch by batch (fetch_group)
         self._firsts = 1
         self.records_waits = 0  # batches that waited for records being built (and seconds)
+        self.rows_from_tiles = 0  # rows read from records while built (_gather_tiles)
         self.records_wait_s = 0.0
         self._local = opener is None  # shards read in place, not through a cache
         self._opener = opener or self._local_opener
@@ -591,12 +592,43 @@ class ArrowSource:
                      numpy: bool = False) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Record-served outputs of ``ids`` and the batch positions of rows without records."""
         table = self._records
-        if table is None or not len(table):
+        if table is None:
             return {}, np.arange(len(ids))
-        filled, positions, touched = table.gather(ids, self._starts, slot, numpy=numpy)
-        if len(touched):
-            self._shards.touch(touched)
+        if len(table):
+            filled, positions, touched = table.gather(ids, self._starts, slot, numpy=numpy)
+            if len(touched):
+                self._shards.touch(touched)
+        else:
+            filled, positions = {}, np.arange(len(ids))
+        if len(positions) and self._rm is not None and self._rm.tiling():
+            return self._gather_tiles(ids, slot, filled, positions)
         return filled, positions
+
+    def _gather_tiles(self, ids: np.ndarray, slot: Any, filled: dict[str, np.ndarray],
+                      positions: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Rows at batch ``positions`` (without records) from the records of their shard
+        that this process is building, when they are consecutive rows of one shard
+        (natural order): their tiles built here unless taken (rowmajor.Tiles), then copied
+        out whole. ``(filled, positions still without records)``."""
+        rows = ids[positions]
+        if not (_contiguous(rows) and _contiguous(positions)) or \
+                not (self._ahead or warm.usable(kernels.copy_ranges)):  # no compile here
+            return filled, positions
+        shard, lo = (int(v[0]) for v in self.locate(rows[:1]))
+        tiles = self._rm.tiles(shard)  # type: ignore[union-attr] - tiling() was asked
+        if tiles is None or lo + len(rows) > tiles.rows:
+            return filled, positions
+        records = tiles.read(lo, lo + len(rows))
+        p = slice(int(positions[0]), int(positions[-1]) + 1)
+        for f in self._records.fields:  # type: ignore[union-attr] - records are built
+            out = filled.get(f.name)
+            if out is None:
+                out = filled[f.name] = slot.array(f.name, (len(ids), f.width), f.dtype)
+            out[p].view(np.uint8)[:] = records[:, f.offset:f.offset + f.nbytes]
+        with self._lock:
+            self.rows_from_tiles += len(rows)
+        self._shards.touch(np.array([shard]))
+        return filled, positions[:0]
 
     def _gather_opening(self, ids: np.ndarray, slot: Any, numpy: bool = False,
                         probe: bool = False) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -634,7 +666,7 @@ class ArrowSource:
         needed (2 M W1 rows, a node's first shuffled run: 1.6-2.9 s against 1.1 s without
         workers)."""
         if self._rm is None or self._firsts or len(ids) < 2 or not self._rm.records_coming() \
-                or _contiguous(ids) or not warm.usable(kernels.copy_fixed):
+                or _contiguous(ids) or not warm.usable(kernels.copy_ranges):
             return False
         t0 = time.perf_counter()
         shards = np.unique(self.locate(ids)[0])

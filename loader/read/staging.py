@@ -28,12 +28,11 @@ import numpy as np
 import pyarrow as pa
 
 from stoker.loader.fallbacks import note
-from stoker.loader.fastpath import kernels as k
 from stoker.loader.jit import aot, executors, fork_gate
 from stoker.loader.jit.search import bucket_index
 from stoker.loader.order.epoch import EpochOrder, OrderOptions
 from stoker.loader.fastpath.record_table import _gather
-from stoker.loader.fastpath.rowmajor import _TILE, Field, RecordLayout, _allocate
+from stoker.loader.fastpath.rowmajor import Field, RecordLayout, _allocate, copy_runs
 from stoker.loader.order.working_set import STAGED_ROUNDS
 from stoker.loader.fastpath.advise import advise_runs
 
@@ -468,12 +467,12 @@ def _copy(rec: np.ndarray, fields: Sequence[Field], d: ShardData | StagedRecords
     advise_runs(d, fields, first, end)
     rows = int((end - first).sum())
     if helper is None or rows < 2 * _SPLIT_ROWS:
-        _copy_fields(rec, fields, d, first, end, dest)
+        copy_runs(rec, fields, d, first, end, dest)
         return
     (a, b) = _halves(first, end, dest, rows // 2)
-    other = helper.submit(_copy_fields, rec, fields, d, *b)
+    other = helper.submit(copy_runs, rec, fields, d, *b)
     try:
-        _copy_fields(rec, fields, d, *a)
+        copy_runs(rec, fields, d, *a)
     finally:
         other.result()
 
@@ -490,17 +489,3 @@ def _halves(first: np.ndarray, end: np.ndarray, dest: np.ndarray,
     tail = (np.concatenate([[first[i] + cut], first[i + 1:]]), end[i:],
             np.concatenate([[dest[i] + cut], dest[i + 1:]]))
     return head, tail
-
-
-def _copy_fields(rec: np.ndarray, fields: Sequence[Field], d: ShardData, first: np.ndarray,
-                 end: np.ndarray, dest: np.ndarray) -> None:
-    for f in fields:  # the JIT kernels, or their twins compiled ahead of time
-        view = rec[:, f.offset:f.offset + f.nbytes].view(f.dtype)
-        if f.kind == "list":
-            meta = d.meta[f.name]
-            aot.serving(k.copy_list_ranges, f"copy_list_ranges_{f.dtype.name}", meta, d.starts,
-                        first, end, dest)(d.views, meta, d.starts, first, end, dest, view)
-        else:
-            meta = d.matrix_meta(f.columns)
-            aot.serving(k.copy_ranges, f"copy_ranges_{f.dtype.name}", meta, d.starts, first,
-                        end, dest)(d.views, meta, d.starts, first, end, dest, _TILE, view)

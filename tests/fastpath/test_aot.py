@@ -167,12 +167,12 @@ def test_the_record_builders_compiled_ahead_of_time_write_the_jit_bytes(
     with monkeypatch.context() as patched:  # as if this process had not loaded the JIT ones
         patched.setattr(aot, "compiled", lambda fn: False)
         ahead = rowmajor.build(layout, ShardData(batches, arena, plan.kernel_columns))
-    wanted = {f"{kind}_{t}" for kind in ("copy_fixed", "copy_list_ranges")
+    wanted = {f"{kind}_{t}" for kind in ("copy_ranges", "copy_list_ranges")
               for t in aot.DTYPES}
     assert set(asked) == wanted and all(real(name) is not None for name in wanted)
     monkeypatch.setattr(aot, "_loaded", [None])  # the JIT kernels
     jit = rowmajor.build(layout, ShardData(batches, arena, plan.kernel_columns))
-    assert aot.compiled(kernels.copy_fixed) and aot.compiled(kernels.copy_list_ranges)
+    assert aot.compiled(kernels.copy_ranges) and aot.compiled(kernels.copy_list_ranges)
     assert ahead.shape == jit.shape and ahead.tobytes() == jit.tobytes()
 
 

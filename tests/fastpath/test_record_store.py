@@ -89,14 +89,14 @@ def test_waiting_waits_for_every_build_of_every_builder(dataset: Manifest, tmp_p
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Records build on several threads (shard_records._BUILDERS): waiting for them returns
     once the slowest build is saved, not when one builder thread is idle again."""
-    real = rowmajor.build
+    real = rowmajor.Tiles.build
 
-    def slow_first(layout: Any, data: Any, *args: Any, **kwargs: Any) -> np.ndarray:
-        if int(data.starts[-1]) == 60:  # shard 0: the other shards build meanwhile
+    def slow_first(self: rowmajor.Tiles) -> np.ndarray:
+        if self.rows == 60:  # shard 0: the other shards build meanwhile
             time.sleep(0.5)
-        return real(layout, data, *args, **kwargs)
+        return real(self)
 
-    monkeypatch.setattr(rowmajor, "build", slow_first)
+    monkeypatch.setattr(rowmajor.Tiles, "build", slow_first)
     assert shard_records._BUILDERS >= 2
     src = _source(dataset, tmp_path)
     src.fetch(IDS)

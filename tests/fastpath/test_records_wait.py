@@ -38,13 +38,13 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Manifest:
 @pytest.fixture
 def slow_builds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STOKER_COLD_START", "wait")  # the builds' kernels need no compile here
-    real = rowmajor.build
+    real = rowmajor.Tiles.build
 
-    def slow(*args: Any, **kwargs: Any) -> np.ndarray:
+    def slow(self: rowmajor.Tiles) -> np.ndarray:
         time.sleep(BUILD_S)
-        return real(*args, **kwargs)
+        return real(self)
 
-    monkeypatch.setattr(rowmajor, "build", slow)
+    monkeypatch.setattr(rowmajor.Tiles, "build", slow)
 
 
 def _bytes(batch: dict[str, Any]) -> dict[str, Any]:

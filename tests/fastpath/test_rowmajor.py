@@ -232,7 +232,7 @@ from stoker.loader.read.arrow import ArrowSource
 from stoker.manifest import Manifest
 
 kernels_ = [kernels.gather_fixed, kernels.gather_list, kernels.var_lengths,
-            kernels.gather_binary, kernels.copy_fixed, record_table._gather]
+            kernels.gather_binary, kernels.copy_ranges, record_table._gather]
 src = ArrowSource(Manifest.load(sys.argv[1]), features=["f0", "f1", "f2"],
                   categoricals=["c0", "c1"], row_major=True)
 warmup.wait()

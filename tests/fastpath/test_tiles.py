@@ -1,0 +1,166 @@
+"""Records built a tile at a time by several threads (stoker.loader.fastpath.rowmajor.Tiles):
+the shard's builder from the last tile back, natural-order batches from the first one on
+(stoker.loader.read.arrow.ArrowSource._gather_tiles). Every tile is built once, the records
+are the bytes of one whole build, and a batch read from tiles is the batch the columns give.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importlib mode)
+
+from fastpath_helpers import record_table, write_dataset  # noqa: E402
+
+from stoker.loader import DataLoader, ReadOptions, WorkerOptions  # noqa: E402
+from stoker.loader.fastpath import rowmajor  # noqa: E402
+from stoker.loader.fastpath.plan import FastPlan, ShardData  # noqa: E402
+from stoker.loader.read.arrow import ArrowSource  # noqa: E402
+from stoker.manifest import Manifest  # noqa: E402
+
+FEATS, CATS, COLUMNS = ["f0", "f1"], ["c0"], ["id", "seq"]
+SIZES = [700, 333]
+TILE = 64
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Manifest:
+    starts = np.concatenate([[0], np.cumsum(SIZES)])
+    tables = [record_table(n, int(s), i) for i, (n, s) in enumerate(zip(SIZES, starts))]
+    return write_dataset(tmp_path_factory.mktemp("tiles"), tables, batch_rows=50)
+
+
+@pytest.fixture
+def small_tiles(monkeypatch: pytest.MonkeyPatch) -> Counter[int]:
+    """Tiles of ``TILE`` rows; counts the builds of each tile (by its first row)."""
+    monkeypatch.setattr(rowmajor.Tiles, "TILE_ROWS", TILE)
+    built: Counter[int] = Counter()
+    real = rowmajor.copy_runs
+
+    def counted(rec: np.ndarray, fields: Any, data: Any, first: np.ndarray, *rest: Any) -> None:
+        built[int(first[0])] += 1
+        real(rec, fields, data, first, *rest)
+
+    monkeypatch.setattr(rowmajor, "copy_runs", counted)
+    return built
+
+
+def _shard(m: Manifest, index: int) -> tuple[ShardData, rowmajor.RecordLayout]:
+    plan = FastPlan(m.arrow_schema, [*FEATS, *CATS, *COLUMNS], FEATS, CATS)
+    source = pa.memory_map(str(Path(m.root) / m.shards[index].path), "r")
+    arena = source.read_buffer(source.size())
+    batches = pa.ipc.open_file(arena).read_all().to_batches()
+    layout = rowmajor.RecordLayout.of(plan, batches)
+    assert layout is not None
+    return ShardData(batches, arena, plan.kernel_columns), layout
+
+
+def _whole(data: ShardData, layout: rowmajor.RecordLayout) -> np.ndarray:
+    """The shard's records in one copy of all its rows (no tiles)."""
+    rows = int(data.starts[-1])
+    rec = np.zeros((rows, layout.stride), dtype=np.uint8)
+    one = np.zeros(1, dtype=np.int64)
+    rowmajor.copy_runs(rec, layout.fields, data, one, one + rows, one)
+    return rec
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_reader_and_the_builder_build_each_tile_once(dataset: Manifest, seed: int,
+                                                       small_tiles: Counter[int]) -> None:
+    data, layout = _shard(dataset, 0)
+    want = _whole(data, layout)
+    small_tiles.clear()
+    tiles = rowmajor.Tiles(layout, data)
+    builder = threading.Thread(target=tiles.build)
+    builder.start()
+    rng = np.random.default_rng(seed)
+    lo = 0
+    while lo < SIZES[0]:  # natural order: runs of any length, front to back
+        hi = min(SIZES[0], lo + int(rng.integers(1, 3 * TILE)))
+        assert tiles.read(lo, hi).tobytes() == want[lo:hi].tobytes()
+        lo = hi
+    builder.join()
+    assert tiles.records.tobytes() == want.tobytes()
+    assert small_tiles == Counter(range(0, SIZES[0], TILE))  # every tile, once
+
+
+def test_the_builder_alone_builds_every_tile(dataset: Manifest,
+                                             small_tiles: Counter[int]) -> None:
+    data, layout = _shard(dataset, 1)
+    want = _whole(data, layout)
+    small_tiles.clear()
+    assert rowmajor.build(layout, data).tobytes() == want.tobytes()
+    assert small_tiles == Counter(range(0, SIZES[1], TILE))
+
+
+def test_a_tile_whose_build_fails_is_built_again_by_another_thread(
+        dataset: Manifest, small_tiles: Counter[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    data, layout = _shard(dataset, 1)
+    want = _whole(data, layout)
+    counted = rowmajor.copy_runs
+    failed: list[int] = []
+
+    def first_fails(rec: np.ndarray, fields: Any, d: Any, first: np.ndarray, *rest: Any) -> None:
+        if not failed:
+            failed.append(int(first[0]))
+            raise MemoryError("no memory for this tile")
+        counted(rec, fields, d, first, *rest)
+
+    monkeypatch.setattr(rowmajor, "copy_runs", first_fails)
+    small_tiles.clear()
+    tiles = rowmajor.Tiles(layout, data)
+    with pytest.raises(MemoryError):
+        tiles.read(0, 10)
+    assert failed == [0] and small_tiles == Counter()
+    assert tiles.build().tobytes() == want.tobytes()  # tile 0 was given back untouched
+    assert small_tiles == Counter(range(0, SIZES[1], TILE))
+
+
+def _bytes(batch: dict[str, Any]) -> dict[str, Any]:
+    """Every output as (dtype, shape, raw bytes): bitwise, NaNs included."""
+    return {k: (v.dtype, tuple(v.shape), v.numpy().tobytes()) if isinstance(v, torch.Tensor)
+            else v for k, v in batch.items()}
+
+
+def _loader(m: Manifest, row_major: str | bool, workers: int) -> DataLoader:
+    return DataLoader(m.root, batch_size=48, shuffle=False, columns=COLUMNS,
+                      num_workers=workers, workers=WorkerOptions(mode="thread"),
+                      read=ReadOptions(features=FEATS, categoricals=CATS, row_major=row_major))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_natural_first_run_reads_tiles_and_gives_the_columns_bytes(
+        dataset: Manifest, tmp_path: Path, workers: int, small_tiles: Counter[int],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node's first run in natural order: batches build the tiles they read while the
+    builders wait (here: until the epoch is over), and every batch is the one the columns
+    give; the records the builders then finish are saved whole."""
+    epoch_over = threading.Event()
+    real = rowmajor.Tiles.build
+
+    def late(self: rowmajor.Tiles) -> np.ndarray:
+        epoch_over.wait(30)
+        return real(self)
+
+    monkeypatch.setattr(rowmajor.Tiles, "build", late)
+    monkeypatch.setenv("STOKER_ROW_MAJOR_DIR", str(tmp_path))
+    want = [_bytes(b) for b in _loader(dataset, False, 0)]
+    dl = _loader(dataset, "auto", workers)
+    got = [_bytes(b) for b in dl]
+    assert got == want
+    source = dl._source
+    assert source.rows_from_tiles > sum(SIZES) // 2  # the builders did not start
+    epoch_over.set()
+    source.wait_row_major()
+    assert sorted(source._records._records) == [0, 1]
+    assert len(list(tmp_path.glob("*.rec"))) == 2
+    assert [_bytes(b) for b in _loader(dataset, "auto", workers)] == want  # from the files
