@@ -242,8 +242,8 @@ class Tiles:
         self._cond = threading.Condition()
 
     def build(self) -> np.ndarray:
-        """Build every tile not taken yet, from the last one back; then wait for those other
-        threads build. The records."""
+        """Build every tile not taken yet, from the last one back, then wait for the tiles
+        other threads are building; the records."""
         while (t := self._take_last()) is not None:
             self._make(t)
         with self._cond:

@@ -618,7 +618,12 @@ class ArrowSource:
         tiles = self._rm.tiles(shard)  # type: ignore[union-attr] - tiling() was asked
         if tiles is None or lo + len(rows) > tiles.rows:
             return filled, positions
-        records = tiles.read(lo, lo + len(rows))
+        try:
+            records = tiles.read(lo, lo + len(rows))
+        except (OSError, MemoryError, ValueError) as exc:  # as a failed build: columns serve
+            note("row_major_failed", f"shard {shard}, rows {lo}-{lo + len(rows)}: "
+                                     f"{type(exc).__name__}: {exc}")
+            return filled, positions
         p = slice(int(positions[0]), int(positions[-1]) + 1)
         for f in self._records.fields:  # type: ignore[union-attr] - records are built
             out = filled.get(f.name)

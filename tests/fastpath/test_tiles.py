@@ -164,3 +164,20 @@ def test_a_natural_first_run_reads_tiles_and_gives_the_columns_bytes(
     assert sorted(source._records._records) == [0, 1]
     assert len(list(tmp_path.glob("*.rec"))) == 2
     assert [_bytes(b) for b in _loader(dataset, "auto", workers)] == want  # from the files
+
+
+def test_a_batch_whose_tiles_cannot_be_built_reads_the_columns(
+        dataset: Manifest, tmp_path: Path, small_tiles: Counter[int],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tile build that fails in a batch's thread is the counted ``row_major_failed``
+    fallback: the batch comes from the columns, with the columns' bytes."""
+    def no_memory(self: rowmajor.Tiles, lo: int, hi: int) -> np.ndarray:
+        raise MemoryError(f"rows {lo}-{hi}")
+
+    monkeypatch.setattr(rowmajor.Tiles, "read", no_memory)
+    monkeypatch.setenv("STOKER_ROW_MAJOR_DIR", str(tmp_path))
+    want = [_bytes(b) for b in _loader(dataset, False, 0)]
+    dl = _loader(dataset, "auto", 0)
+    assert [_bytes(b) for b in dl] == want
+    assert dl._source.rows_from_tiles == 0
+    assert dl.stats.fallbacks.get("row_major_failed", 0) > 0
