@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 
 from shard_writer import write_dataset  # noqa: E402,F401 - re-exported for the fast-path tests
 
-__all__ = ["mixed_table", "random_array", "record_table", "write_dataset"]
+__all__ = ["mixed_table", "open_shard", "random_array", "record_table", "write_dataset"]
 
 
 def mixed_table(n: int, start: int, seed: int) -> pa.Table:
@@ -84,3 +84,20 @@ def record_table(n: int, start: int, seed: int) -> pa.Table:
         "seq": pa.array([rng.standard_normal(3).astype(np.float32).tolist() for _ in range(n)],
                         pa.list_(pa.float32())),
     })
+
+
+def open_shard(m: Any, index: int, features: list[str], categoricals: list[str],
+               columns: list[str]) -> tuple[Any, Any, Any]:
+    """Shard ``index`` of manifest ``m`` opened as the loader opens it: (its fast plan, its
+    ShardData, its record layout)."""
+    from stoker.loader.fastpath import rowmajor
+    from stoker.loader.fastpath.plan import FastPlan, ShardData
+
+    plan = FastPlan(m.arrow_schema, [*features, *categoricals, *columns], features,
+                    categoricals)
+    source = pa.memory_map(str(Path(m.root) / m.shards[index].path), "r")
+    arena = source.read_buffer(source.size())
+    batches = pa.ipc.open_file(arena).read_all().to_batches()
+    layout = rowmajor.RecordLayout.of(plan, batches)
+    assert layout is not None
+    return plan, ShardData(batches, arena, plan.kernel_columns), layout

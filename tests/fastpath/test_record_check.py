@@ -22,7 +22,7 @@ import xxhash
 
 sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importlib mode)
 
-from fastpath_helpers import record_table, write_dataset  # noqa: E402
+from fastpath_helpers import open_shard, record_table, write_dataset  # noqa: E402
 
 from stoker.loader import DataLoader, ReadOptions, WorkerOptions  # noqa: E402
 from stoker.loader.fallbacks import collecting  # noqa: E402
@@ -46,13 +46,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Manifest:
 
 def _shard(m: Manifest, index: int) -> tuple[FastPlan, ShardData, rowmajor.RecordLayout]:
     """Shard ``index`` opened as the loader opens it, and its record layout."""
-    plan = FastPlan(m.arrow_schema, [*FEATS, *CATS, *COLUMNS], FEATS, CATS)
-    source = pa.memory_map(str(Path(m.root) / m.shards[index].path), "r")
-    arena = source.read_buffer(source.size())
-    batches = pa.ipc.open_file(arena).read_all().to_batches()
-    layout = rowmajor.RecordLayout.of(plan, batches)
-    assert layout is not None
-    return plan, ShardData(batches, arena, plan.kernel_columns), layout
+    return open_shard(m, index, FEATS, CATS, COLUMNS)
 
 
 def _file(m: Manifest, store: Path, index: int) -> tuple[Path, rowmajor.RecordLayout]:

@@ -13,17 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importlib mode)
 
-from fastpath_helpers import record_table, write_dataset  # noqa: E402
+from fastpath_helpers import open_shard, record_table, write_dataset  # noqa: E402
 
 from stoker.loader import DataLoader, ReadOptions, WorkerOptions  # noqa: E402
 from stoker.loader.fastpath import rowmajor  # noqa: E402
-from stoker.loader.fastpath.plan import FastPlan, ShardData  # noqa: E402
+from stoker.loader.fastpath.plan import ShardData  # noqa: E402
 from stoker.loader.read.arrow import ArrowSource  # noqa: E402
 from stoker.manifest import Manifest  # noqa: E402
 
@@ -55,13 +54,8 @@ def small_tiles(monkeypatch: pytest.MonkeyPatch) -> Counter[int]:
 
 
 def _shard(m: Manifest, index: int) -> tuple[ShardData, rowmajor.RecordLayout]:
-    plan = FastPlan(m.arrow_schema, [*FEATS, *CATS, *COLUMNS], FEATS, CATS)
-    source = pa.memory_map(str(Path(m.root) / m.shards[index].path), "r")
-    arena = source.read_buffer(source.size())
-    batches = pa.ipc.open_file(arena).read_all().to_batches()
-    layout = rowmajor.RecordLayout.of(plan, batches)
-    assert layout is not None
-    return ShardData(batches, arena, plan.kernel_columns), layout
+    _, data, layout = open_shard(m, index, FEATS, CATS, COLUMNS)
+    return data, layout
 
 
 def _whole(data: ShardData, layout: rowmajor.RecordLayout) -> np.ndarray:
