@@ -399,14 +399,13 @@ class ShardRecords:
         field (no misfits); else ``None``. A batch in natural order builds and reads the
         tiles its rows fall in (stoker.loader.read.arrow)."""
         with self._lock:
-            if self._pool is None or self._pool[0] != os.getpid():
-                return None  # a forked worker's copies of its parent's builds
             tiles = self._tiles.get(index)
         return None if tiles is None or tiles.skip else tiles
 
     def tiling(self) -> bool:
-        """Whether any build is in progress (a cheap test before :meth:`tiles`)."""
-        return bool(self._tiles)
+        """Whether this process builds records now (a cheap test before :meth:`tiles`; a
+        forked worker's copies of its parent's builds are not its own)."""
+        return bool(self._tiles) and self._pool is not None and self._pool[0] == os.getpid()
 
     def _matches(self, store: RecordStore, name: str, index: int, data: ShardData,
                  records: np.ndarray, misfits: list[str]) -> bool:
