@@ -181,14 +181,15 @@ class ArrowSource:
         records = bool(self._rm and self._rm.mode)
         # records through the gather compiled ahead of time (stoker.loader.jit.aot) may serve
         # batches (not under STOKER_COLD_START=wait, where no batch is read by the NumPy twins)
-        ahead_records = self._plan is not None and not self.numba_free and records and \
-            not warmup.kernels_wait() and aot.function("record_gather") is not None
+        aot_ok = self._plan is not None and not self.numba_free and not warmup.kernels_wait()
+        ahead_records = aot_ok and records and aot.function("record_gather") is not None
         #: where the kernels compiled ahead of time also gather every output from the columns
-        #: (kernels_np.ahead) and build the records, no batch ever wants the JIT kernels: a
-        #: node's first run included (shuffled batches wait for the records being built,
-        #: _wait_for_records)
-        self._ahead = ahead_records and kernels_np.ahead.covers(self._plan) and \
-            rowmajor.built_ahead(self._plan)
+        #: (kernels_np.ahead) and build the records (or no records are wanted:
+        #: ``row_major=False``), no batch ever wants the JIT kernels: a node's first run
+        #: included (shuffled batches wait for the records being built, _wait_for_records)
+        self._ahead = aot_ok and (ahead_records or not records) and \
+            kernels_np.ahead.covers(self._plan) and \
+            (not records or rowmajor.built_ahead(self._plan))  # type: ignore[arg-type]
         #: the plan's JIT kernels are warmed once a batch or a shard needs them, not before,
         #: where stored records may serve every batch, or where no batch wants them (_ahead):
         #: such a process never imports Numba, whose start-up holds the GIL ~1 s against the
