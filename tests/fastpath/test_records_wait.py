@@ -1,6 +1,8 @@
 """A shuffled batch waits for the records of its shards that this process is building
 (stoker.loader.read.arrow.ArrowSource._wait_for_records): from the second batch on, never in
-natural order, never for a build a forked worker inherited, and never with other bytes."""
+natural order (it reads tiles), never for a build a forked worker inherited, and never with
+other bytes; a forked worker's batch waits, in either order, for the records its loader's
+process writes for it."""
 
 from __future__ import annotations
 
@@ -136,17 +138,19 @@ def _fetch_in_worker(src: ArrowSource, ids: np.ndarray, out: Any) -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("shuffled", [True, False], ids=["shuffled", "natural order"])
 def test_a_forked_worker_waits_for_the_records_its_loader_writes_for_it(
-        dataset: Manifest, tmp_path: Path, slow_builds: None) -> None:
+        dataset: Manifest, tmp_path: Path, slow_builds: None, shuffled: bool) -> None:
     """Records built for worker processes (``for_workers``: written in place into the store,
-    under the file's lock) are waited for by a forked worker's shuffled batch, then mapped:
-    it reads them instead of the columns, with the same bytes."""
+    under the file's lock) are waited for by a forked worker's batch, then mapped: it reads
+    them instead of the columns, with the same bytes."""
     src = _source(dataset, tmp_path)
     src._rm.for_workers = True  # type: ignore[union-attr] - as open_for_workers sets it
-    ids = np.random.default_rng(4).permutation(105)
+    ids = np.random.default_rng(4).permutation(105) if shuffled else np.arange(105)
     try:
-        src.fetch(ids[:40])  # opens both shards: their builds start, each holding its lock
-        assert len(src._rm._builds) == 2  # type: ignore[union-attr]
+        src.open_for_workers([ids[:40]])  # natural order: shard 0's task opens shard 1 too
+        assert len(src._rm._builds) == 2  # type: ignore[union-attr] - each holds its lock
+        src._firsts = 0  # a worker past its first batch (which waits for nothing)
         ctx = multiprocessing.get_context("fork")
         out = ctx.Queue()
         child = ctx.Process(target=_fetch_in_worker, args=(src, ids[40:80], out))
@@ -157,6 +161,22 @@ def test_a_forked_worker_waits_for_the_records_its_loader_writes_for_it(
         assert waits == 1 and mapped == [0, 1]  # both written meanwhile, both mapped
     finally:
         src.close()
+
+
+def test_natural_tasks_for_workers_open_the_next_shard_too(dataset: Manifest,
+                                                            tmp_path: Path) -> None:
+    """Process workers in natural order: the loader's process opens (and builds the records
+    of) the shard after a task's last row as well, so that they are built while the workers
+    read the task's shard; a shuffled task opens its own shards only."""
+    for task, opened in ((np.arange(8, 24), [0, 1]), (np.arange(70, 90), [1]),
+                         (np.array([3, 9, 4, 20]), [0])):
+        src = _source(dataset, tmp_path / str(task[0]))  # no records stored
+        try:
+            src.open_for_workers([np.arange(0, 0), task])
+            assert sorted(src._opened_ahead) == opened, task
+            assert src._rm.for_workers  # type: ignore[union-attr]
+        finally:
+            src.close()
 
 
 def test_a_first_group_read_batch_by_batch_waits_for_nothing(
