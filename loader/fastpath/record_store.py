@@ -41,9 +41,12 @@ A process that maps a deleted file keeps reading it (the inode lives until it is
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
+import struct
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -55,7 +58,8 @@ from stoker.cache.store.derived import RECORD_SUFFIX, DerivedBudget, DerivedFile
 from stoker.loader.fallbacks import note
 from stoker.manifest import locations
 
-__all__ = ["DEFAULT_LIMIT_BYTES", "ENV_DIR", "MIN_FREE_FRACTION", "RecordStore", "default_dir"]
+__all__ = ["DEFAULT_LIMIT_BYTES", "ENV_DIR", "MIN_FREE_FRACTION", "RecordStore", "TileClaims",
+           "default_dir"]
 
 ENV_DIR = locations.ENV_RECORDS_DIR
 #: Bytes of record files a directory keeps by default (least recently used go first).
@@ -66,6 +70,9 @@ _FORMAT = "stoker-records/1"
 _TRAILER = 16  # xxh3-128 digest of the records
 _SUFFIX = RECORD_SUFFIX
 _WRITE_CHUNK = 64 << 20
+_CLAIMS = ".tiles"  # beside a file built in place: its temporary's name, then tile states
+_CLAIMS_HEADER = 4096
+_DONE = 1
 
 
 def default_dir(cache_dir: str | None = None) -> str | None:
@@ -194,16 +201,18 @@ class RecordStore:
         return False  # deleted while written (said by _publishing)
 
     def build(self, name: str, nbytes: int,
-              fill: Callable[[np.ndarray], object]) -> np.ndarray | None:
-        """Write file ``name`` in place: ``fill(out)`` writes the ``nbytes`` records into a
-        shared map of a new file (its disk blocks reserved first), which is then published
-        with its digest, as :meth:`save` publishes. Returns the filled records (that map,
-        read-only; valid even if the file was deleted meanwhile to make room for a shard: then
-        not published, the counted ``"records_not_saved"``), or ``None`` when :meth:`save`
+              fill: Callable[[np.ndarray, TileClaims | None], object],
+              tiles: int = 0) -> np.ndarray | None:
+        """Write file ``name`` in place: ``fill(out, claims)`` writes the ``nbytes`` records
+        into a shared map of a new file (its disk blocks reserved first), which is then
+        published with its digest, as :meth:`save` publishes. Returns the filled records (that
+        map, read-only; valid even if the file was deleted meanwhile to make room for a shard:
+        then not published, the counted ``"records_not_saved"``), or ``None`` when :meth:`save`
         would not write (the file exists, another process writes it, no room): the caller
         builds in memory then. For worker processes that wait for the file: a build in memory
         then a save writes every page twice, each a fresh page on this machine
-        (bench/RESULTS.md "Fresh memory")."""
+        (bench/RESULTS.md "Fresh memory"). With ``tiles``, other processes may build the
+        records' tiles too (:meth:`join`): ``claims`` says which are whose (else ``None``)."""
         data = None
         with self._publishing(name, nbytes + _TRAILER) as tmp:
             if tmp is None:
@@ -215,19 +224,49 @@ class RecordStore:
                     region = mmap.mmap(fd, nbytes + _TRAILER, flags=mmap.MAP_SHARED)
                 finally:
                     os.close(fd)
+                claims = TileClaims.create(self._path(name) + _CLAIMS, tmp, tiles) \
+                    if tiles else None
             except OSError as exc:
                 Path(tmp).unlink(missing_ok=True)
                 note("records_not_saved", f"{name} ({nbytes} bytes) in {self.root}: {exc}")
                 return None
-            data = np.frombuffer(region, dtype=np.uint8)
-            fill(data[:nbytes])
-            data[nbytes:] = np.frombuffer(xxhash.xxh3_128_digest(data[:nbytes]), np.uint8)
-            os.replace(tmp, self._path(name))
+            try:
+                data = np.frombuffer(region, dtype=np.uint8)
+                fill(data[:nbytes], claims)
+                data[nbytes:] = np.frombuffer(xxhash.xxh3_128_digest(data[:nbytes]), np.uint8)
+                os.replace(tmp, self._path(name))
+            finally:
+                if claims is not None:
+                    claims.withdraw()
         if data is None:
             return None
         records = data[:nbytes]
         records.flags.writeable = False  # shared with every process that maps the file
         return records
+
+    def join(self, name: str, nbytes: int, tiles: int) -> tuple[np.ndarray, TileClaims] | None:
+        """The writable map of file ``name`` while another process builds it in place with
+        ``tiles`` tiles (:meth:`build`), and the claims that let this process build some of
+        them; ``None`` when no such build is under way (not started, or published since:
+        :meth:`open` then maps the file). What a tile holds once its claim says done is the
+        bytes its builder wrote (each tile's builder writes the shard's records, whoever it
+        is)."""
+        claims = TileClaims.join(self._path(name) + _CLAIMS, self.root, tiles)
+        if claims is None:
+            return None
+        try:
+            fd = os.open(claims.target, os.O_RDWR)
+        except FileNotFoundError:  # published (renamed) since the claims were read
+            claims.close()
+            return None
+        try:
+            if os.fstat(fd).st_size != nbytes + _TRAILER:
+                claims.close()
+                return None
+            region = mmap.mmap(fd, nbytes + _TRAILER, flags=mmap.MAP_SHARED)
+        finally:
+            os.close(fd)
+        return np.frombuffer(region, dtype=np.uint8)[:nbytes], claims
 
     @contextlib.contextmanager
     def _publishing(self, name: str, nbytes: int) -> Iterator[str | None]:
@@ -278,3 +317,98 @@ class RecordStore:
         if not self._room_on_disk(name, nbytes):
             return None
         return self._files.temp(name, nbytes)
+
+
+class TileClaims:
+    """Which process builds which tile of records built in place (:meth:`RecordStore.build`),
+    across processes: a small file beside the record file (``<name>.tiles``) holds the
+    temporary file's name and one state byte per tile, and a tile is built under an
+    open-file-description lock on its byte (``F_OFD_SETLKW``: held per open file, so per
+    process here; released by the kernel when its holder exits, so a killed builder's tile
+    is built again by the next process that asks, never left half written as done). Threads
+    of one process take turns on a tile before they ask here
+    (:class:`stoker.loader.fastpath.rowmajor.Tiles`), and none holds two tiles' locks at
+    once, so no two processes wait for each other.
+
+    Why: process workers in natural order on a node's first run read their batches while the
+    loader's process builds the same rows' records for them; building the tiles they read
+    themselves, and copying their rows out of them, makes each row's columns read once."""
+
+    def __init__(self, path: str, fd: int, states: mmap.mmap, target: str) -> None:
+        self.path, self.target = path, target
+        self._fd, self._states = fd, states
+        self.close = weakref.finalize(self, _close_claims, fd, states)
+
+    @classmethod
+    def create(cls, path: str, target: str, tiles: int) -> TileClaims:
+        """Claims for ``tiles`` tiles of temporary file ``target``, published as ``path``
+        (atomically: a reader sees a whole header or no file)."""
+        head = os.path.basename(target).encode()
+        if len(head) >= _CLAIMS_HEADER:
+            raise OSError(f"temporary record file name too long for {path}: {target}")
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".claims-")
+        try:
+            os.write(fd, head.ljust(_CLAIMS_HEADER, b"\0"))
+            os.ftruncate(fd, _CLAIMS_HEADER + tiles)
+            states = mmap.mmap(fd, _CLAIMS_HEADER + tiles, flags=mmap.MAP_SHARED)
+            os.replace(tmp, path)
+        except BaseException:
+            os.close(fd)
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return cls(path, fd, states, target)
+
+    @classmethod
+    def join(cls, path: str, root: str, tiles: int) -> TileClaims | None:
+        """The claims published as ``path`` for ``tiles`` tiles, or ``None`` (none, or of
+        another size)."""
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            return None
+        try:
+            if os.fstat(fd).st_size != _CLAIMS_HEADER + tiles:
+                os.close(fd)
+                return None
+            states = mmap.mmap(fd, _CLAIMS_HEADER + tiles, flags=mmap.MAP_SHARED)
+        except OSError:
+            os.close(fd)
+            raise
+        target = bytes(states[:_CLAIMS_HEADER]).rstrip(b"\0").decode()
+        return cls(path, fd, states, os.path.join(root, target))
+
+    def claim(self, t: int) -> bool:
+        """Whether tile ``t`` is the caller's to build (its lock then held: :meth:`release`
+        after), waiting while another process builds it; ``False``: built already."""
+        self._lock(t, fcntl.F_WRLCK)
+        if self._states[_CLAIMS_HEADER + t] == _DONE:
+            self._lock(t, fcntl.F_UNLCK)
+            return False
+        return True
+
+    def release(self, t: int, built: bool) -> None:
+        """Give tile ``t``'s lock up, marked built if ``built``."""
+        if built:
+            self._states[_CLAIMS_HEADER + t] = _DONE
+        self._lock(t, fcntl.F_UNLCK)
+
+    def all_done(self) -> bool:
+        """Whether every tile is built."""
+        return self._states.find(b"\0", _CLAIMS_HEADER) < 0
+
+    def _lock(self, t: int, kind: int) -> None:
+        # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks)
+        fcntl.fcntl(self._fd, fcntl.F_OFD_SETLKW if kind != fcntl.F_UNLCK else
+                    fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", kind, os.SEEK_SET,
+                                                   _CLAIMS_HEADER + t, 1, 0))
+
+    def withdraw(self) -> None:
+        """The build is over (published or failed): no process joins it from now on."""
+        Path(self.path).unlink(missing_ok=True)
+        self.close()
+
+
+def _close_claims(fd: int, states: mmap.mmap) -> None:
+    """Close a :class:`TileClaims` (its locks go with its file description)."""
+    states.close()
+    os.close(fd)

@@ -36,6 +36,7 @@ from stoker.loader.jit import aot
 
 if TYPE_CHECKING:
     from stoker.loader.fastpath.plan import FastPlan, ShardData
+    from stoker.loader.fastpath.record_store import TileClaims
 
 __all__ = ["AUTO_BUDGET_BYTES", "Field", "RecordLayout", "RowMajorBudget", "Tiles", "build",
            "built_ahead", "copy_runs", "resolve_mode"]
@@ -223,12 +224,20 @@ class Tiles:
         skip: fields left unwritten (the shard's :meth:`RecordLayout.misfits`).
         out: ``rows * stride`` bytes to build into (a file's map: stoker.loader.fastpath.
             record_store), else new anonymous memory.
+        claims: where other processes build tiles of ``out`` too, which process builds
+            which (:class:`stoker.loader.fastpath.record_store.TileClaims`); a tile this
+            process takes is then built here only if no other process built it.
     """
 
     TILE_ROWS = 16384  # ~6 MB of W1 records: a build worth a call, a wait short next to a batch
 
+    @classmethod
+    def count(cls, rows: int) -> int:
+        """Tiles of a shard of ``rows`` rows."""
+        return -(-rows // cls.TILE_ROWS)
+
     def __init__(self, layout: RecordLayout, data: ShardData, skip: Sequence[str] = (),
-                 out: np.ndarray | None = None) -> None:
+                 out: np.ndarray | None = None, claims: TileClaims | None = None) -> None:
         self.rows = int(data.starts[-1])
         self.skip = tuple(skip)
         self.records = _allocate(self.rows, layout.stride, np.dtype(np.uint8),
@@ -237,7 +246,8 @@ class Tiles:
         self._populate = out is None and self.records.nbytes > 0
         self._fields = [f for f in layout.fields if f.name not in self.skip]
         self._data = data
-        self._state = bytearray(-(-self.rows // self.TILE_ROWS))  # _FREE, _BUSY, _DONE
+        self._claims = claims
+        self._state = bytearray(self.count(self.rows))  # _FREE, _BUSY, _DONE
         self._left = len(self._state)
         self._cond = threading.Condition()
 
@@ -265,6 +275,13 @@ class Tiles:
                 self._make(t)
         return self.records[lo:hi]
 
+    def built_everywhere(self) -> bool:
+        """Whether every tile is built, here or (with claims) by any process."""
+        if self._claims is not None:
+            return self._claims.all_done()
+        with self._cond:
+            return not self._left
+
     def _take_last(self) -> int | None:
         with self._cond:
             free = self._state.rfind(_FREE)
@@ -279,11 +296,18 @@ class Tiles:
         hi = min(self.rows, lo + self.TILE_ROWS)
         made = False
         try:
-            if self._populate:
-                populate(self.records[lo:hi])
-            copy_runs(self.records, self._fields, self._data, np.array([lo]), np.array([hi]),
-                      np.array([lo]))
-            made = True
+            if self._claims is not None and not self._claims.claim(t):
+                made = True  # another process built it
+            else:
+                try:
+                    if self._populate:
+                        populate(self.records[lo:hi])
+                    copy_runs(self.records, self._fields, self._data, np.array([lo]),
+                              np.array([hi]), np.array([lo]))
+                    made = True
+                finally:
+                    if self._claims is not None:
+                        self._claims.release(t, made)
         finally:
             with self._cond:
                 self._state[t] = _DONE if made else _FREE

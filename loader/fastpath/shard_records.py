@@ -46,7 +46,7 @@ from stoker.loader.fastpath.advise import advise_list_offsets, advise_runs, advi
 from stoker.loader.fastpath.ring import libc_fn
 from stoker.loader.fallbacks import note
 from stoker.loader.jit import executors, fork_gate
-from stoker.loader.fastpath.record_store import RecordStore
+from stoker.loader.fastpath.record_store import RecordStore, TileClaims
 from stoker.loader.fastpath.record_table import RecordTable
 
 if TYPE_CHECKING:
@@ -107,6 +107,9 @@ class ShardRecords:
         self._any_stored: bool | None = None  # see stored()
         self._builds: dict[Future[Any], int] = {}  # builds not finished -> their shard
         self._tiles: dict[int, rowmajor.Tiles] = {}  # this process's builds in progress
+        # a forked worker's tiles of builds in place by its loader's process (_join)
+        self._joined: dict[int, rowmajor.Tiles] = {}
+        self._next_join: dict[int, float] = {}
 
     @property
     def nbytes(self) -> int:
@@ -197,7 +200,7 @@ class ShardRecords:
 
     def building(self) -> bool:
         """Whether this process has builds in progress (a cheap test before wait_built)."""
-        return bool(self._builds) and self._pool is not None and self._pool[0] == os.getpid()
+        return bool(self._builds) and self._building_here()
 
     def wait_built(self, shards: np.ndarray) -> bool:
         """Wait until this process's builds of ``shards``' records in progress are done;
@@ -235,6 +238,7 @@ class ShardRecords:
         """Shard ``index`` closed (call under the source's lock): release its records."""
         self._waiting.pop(index, None)
         self._tiles.pop(index, None)
+        self._joined.pop(index, None)
         self._budget.release(self._bytes.pop(index, 0))
         if self.table is not None:
             self.table.remove(index)
@@ -336,6 +340,7 @@ class ShardRecords:
                 return False
             table.add(index, records, misfits)
             self._waiting.pop(index, None)
+            self._joined.pop(index, None)
         if built and self._store is not None and name is not None:
             # after add: the save then swaps the served records for the file's mapping
             try:
@@ -361,12 +366,23 @@ class ShardRecords:
         """``(records, built in memory)``: mapped from the store's file ``name`` when it
         agrees with the shard at the checked rows (:meth:`_matches`), else built (the caller
         saves them); ``None`` in a forked worker under ``"auto"`` when the store has no good
-        file (N workers would build N private copies)."""
+        file (N workers would build N private copies). A forked worker that joined the
+        file's build (:meth:`_join`) serves the map it built tiles in once every tile is
+        built, by whichever process: each tile holds the bytes its builder copied from the
+        shard, as the building process's own map does (which it serves unchecked too), so
+        neither the file's digest nor the rows' check is computed again (~50 ms per 185 MB
+        shard and worker)."""
         layout = self.table.layout  # type: ignore[union-attr]
         store = self._store
         if store is None or name is None:
             return self._build(index, layout, data, misfits), True
         rows = int(data.starts[-1])
+        with self._lock:
+            joined = self._joined.get(index)
+        if joined is not None and joined.built_everywhere():  # the file's pages, as written
+            records = joined.records.view()
+            records.flags.writeable = False
+            return records, False
         found = store.open(name, rows * layout.stride)
         if found is not None:
             records = found.reshape(rows, layout.stride)
@@ -377,35 +393,76 @@ class ShardRecords:
         if data.random_advised:  # opened for its records only (OpenShards): read it whole now
             data.random_advised = not advise_whole(data.arena)
         if self.for_workers:  # they map the file: built in place, mapped once it is written
-            stored = store.build(name, rows * layout.stride,
-                                 lambda out: self._build(index, layout, data, misfits, out))
+            stored = store.build(name, rows * layout.stride,  # their batches build tiles too
+                                 lambda out, claims: self._build(index, layout, data, misfits,
+                                                                 out, claims),
+                                 0 if misfits else rowmajor.Tiles.count(rows))
             if stored is not None:
                 return stored.reshape(rows, layout.stride), False
         return self._build(index, layout, data, misfits), True
 
     def _build(self, index: int, layout: rowmajor.RecordLayout, data: ShardData,
-               misfits: list[str], out: np.ndarray | None = None) -> np.ndarray:
+               misfits: list[str], out: np.ndarray | None = None,
+               claims: TileClaims | None = None) -> np.ndarray:
         """Build shard ``index``'s records (into ``out``, else new memory, where the shard's
         opening made its tiles already), tile by tile (rowmajor.Tiles): natural-order batches
-        build the tiles they read meanwhile (:meth:`tiles`)."""
+        build the tiles they read meanwhile (:meth:`tiles`), those of worker processes too
+        where ``claims`` says which process builds which tile (:meth:`_join`)."""
         with self._lock:
             tiles = self._tiles.get(index)
             if tiles is None or out is not None:
-                tiles = self._tiles[index] = rowmajor.Tiles(layout, data, misfits, out)
+                tiles = self._tiles[index] = rowmajor.Tiles(layout, data, misfits, out, claims)
         return tiles.build()
 
     def tiles(self, index: int) -> rowmajor.Tiles | None:
-        """Shard ``index``'s records while this process builds them, tile by tile, with every
-        field (no misfits); else ``None``. A batch in natural order builds and reads the
-        tiles its rows fall in (stoker.loader.read.arrow)."""
+        """Shard ``index``'s records while this process builds them, or, in a forked worker,
+        while its loader's process builds them in place for it (:meth:`_join`), tile by
+        tile, with every field (no misfits); else ``None``. A batch in natural order builds
+        and reads the tiles its rows fall in (stoker.loader.read.arrow)."""
+        own = self._building_here()
         with self._lock:
-            tiles = self._tiles.get(index)
+            tiles = own and self._tiles.get(index) or self._joined.get(index)
+            waiting = self._waiting.get(index) if tiles is None and \
+                os.getpid() != self.owner_pid else None
+        if waiting is not None:
+            tiles = self._join(index, *waiting)
         return None if tiles is None or tiles.skip else tiles
 
     def tiling(self) -> bool:
-        """Whether this process builds records now (a cheap test before :meth:`tiles`; a
-        forked worker's copies of its parent's builds are not its own)."""
-        return bool(self._tiles) and self._pool is not None and self._pool[0] == os.getpid()
+        """Whether this process builds records now, or is a forked worker whose loader's
+        process may (a cheap test before :meth:`tiles`; a forked worker's copies of its
+        parent's builds are not its own)."""
+        return bool(self._tiles) and self._building_here() or \
+            bool(self._waiting) and os.getpid() != self.owner_pid
+
+    def _building_here(self) -> bool:
+        return self._pool is not None and self._pool[0] == os.getpid()
+
+    def _join(self, index: int, data: ShardData, misfits: list[str], name: str,
+              nbytes: int) -> rowmajor.Tiles | None:
+        """In a forked worker: the tiles of shard ``index``'s records that its loader's
+        process is building in place into the store (RecordStore.join), which this worker's
+        batches may build too (each tile once, across processes); ``None`` while there is no
+        such build (asked again at most every ``_LOOK_S`` seconds)."""
+        store, table = self._store, self.table
+        now = time.monotonic()
+        if misfits or store is None or table is None or now < self._next_join.get(index, 0.0):
+            return None
+        self._next_join[index] = now + _LOOK_S
+        try:
+            got = store.join(name, nbytes, rowmajor.Tiles.count(int(data.starts[-1])))
+        except OSError as exc:  # as a failed build: the file, or the columns, serve
+            self._next_join[index] = float("inf")
+            note("row_major_failed", f"shard {index}: joining its build in {store.root}: "
+                                     f"{type(exc).__name__}: {exc}")
+            return None
+        if got is None:
+            return None
+        tiles = rowmajor.Tiles(table.layout, data, misfits, *got)
+        with self._lock:
+            if index not in self._waiting or not self._current(index, data):
+                return None
+            return self._joined.setdefault(index, tiles)
 
     def _matches(self, store: RecordStore, name: str, index: int, data: ShardData,
                  records: np.ndarray, misfits: list[str]) -> bool:

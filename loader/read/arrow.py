@@ -608,9 +608,10 @@ class ArrowSource:
     def _gather_tiles(self, ids: np.ndarray, slot: Any, filled: dict[str, np.ndarray],
                       positions: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Rows at batch ``positions`` (without records) from the records of their shard
-        that this process is building, when they are consecutive rows of one shard
-        (natural order): their tiles built here unless taken (rowmajor.Tiles), then copied
-        out whole. ``(filled, positions still without records)``."""
+        that this process is building (or, in a forked worker, that its loader's process is
+        building in place for it: ShardRecords.tiles), when they are consecutive rows of one
+        shard (natural order): their tiles built here unless taken (rowmajor.Tiles), then
+        copied out whole. ``(filled, positions still without records)``."""
         rows = ids[positions]
         if not (_contiguous(rows) and _contiguous(positions)) or \
                 not (self._ahead or warm.usable(kernels.copy_ranges)):  # no compile here

@@ -384,31 +384,34 @@ def test_records_built_in_place_are_published_verified_and_never_half_written(
     """RecordStore.build (worker processes wait for the file): the bytes a fill writes are
     published under the name with their digest, as a save publishes them; a file that exists
     is not built again; a fill that fails leaves nothing; a temporary file deleted meanwhile
-    (room made for a shard) is not published, and says so."""
+    (room made for a shard) is not published, and says so. Tile claims for other processes
+    (``tiles``) go with the build, published or failed."""
     from stoker.cache.lock import FileLock
 
     store = RecordStore(str(tmp_path))
     want = np.arange(64, dtype=np.uint8)
 
-    def fill(out: np.ndarray) -> None:
+    def fill(out: np.ndarray, claims: Any) -> None:
+        assert claims is None  # no tiles asked
         out[:] = want
 
     got = store.build("a.rec", 64, fill)
     assert got is not None and np.array_equal(got, want) and _file_backed(got)
     assert np.array_equal(store.open("a.rec", 64), want)
     assert (tmp_path / "a.rec").stat().st_size == 64 + 16
-    assert store.build("a.rec", 64, lambda out: pytest.fail("built twice")) is None
+    assert store.build("a.rec", 64, lambda out, claims: pytest.fail("built twice")) is None
 
-    def broken(out: np.ndarray) -> None:
+    def broken(out: np.ndarray, claims: Any) -> None:
+        assert claims is not None and (tmp_path / "b.rec.tiles").exists()
         out[:4] = 1
         raise ValueError("kernel failed")
 
     with pytest.raises(ValueError, match="kernel failed"):
-        store.build("b.rec", 64, broken)
+        store.build("b.rec", 64, broken, tiles=2)
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == \
         ["a.rec"]
 
-    def evicted(out: np.ndarray) -> None:
+    def evicted(out: np.ndarray, claims: Any) -> None:
         out[:] = want
         for p in tmp_path.glob(".writing*"):
             p.unlink()
@@ -423,7 +426,7 @@ def test_records_built_in_place_are_published_verified_and_never_half_written(
     busy = FileLock(str(tmp_path / "d.rec") + ".lock")
     assert busy.acquire(timeout=0)
     try:  # another process builds it: this one builds in memory
-        assert store.build("d.rec", 64, lambda out: pytest.fail("two writers")) is None
+        assert store.build("d.rec", 64, lambda out, claims: pytest.fail("two writers")) is None
     finally:
         busy.release()
 
