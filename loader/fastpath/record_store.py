@@ -334,6 +334,9 @@ class TileClaims:
     loader's process builds the same rows' records for them; building the tiles they read
     themselves, and copying their rows out of them, makes each row's columns read once."""
 
+    #: open-file-description locks: Linux (3.15+); elsewhere no build is shared
+    SUPPORTED = hasattr(fcntl, "F_OFD_SETLKW")
+
     def __init__(self, path: str, fd: int, states: mmap.mmap, target: str) -> None:
         self.path, self.target = path, target
         self._fd, self._states = fd, states
@@ -361,7 +364,9 @@ class TileClaims:
     @classmethod
     def join(cls, path: str, root: str, tiles: int) -> TileClaims | None:
         """The claims published as ``path`` for ``tiles`` tiles, or ``None`` (none, or of
-        another size)."""
+        another size, or no such locks here)."""
+        if not cls.SUPPORTED:
+            return None
         try:
             fd = os.open(path, os.O_RDWR)
         except FileNotFoundError:

@@ -396,7 +396,8 @@ class ShardRecords:
             stored = store.build(name, rows * layout.stride,  # their batches build tiles too
                                  lambda out, claims: self._build(index, layout, data, misfits,
                                                                  out, claims),
-                                 0 if misfits else rowmajor.Tiles.count(rows))
+                                 rowmajor.Tiles.count(rows)
+                                 if TileClaims.SUPPORTED and not misfits else 0)
             if stored is not None:
                 return stored.reshape(rows, layout.stride), False
         return self._build(index, layout, data, misfits), True
