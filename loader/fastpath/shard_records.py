@@ -208,7 +208,7 @@ class ShardRecords:
         forked worker's copies of its parent's builds are not its own: they never finish."""
         wanted = set(shards.tolist())
         with self._lock:
-            if self._pool is None or self._pool[0] != os.getpid():
+            if not self._building_here():
                 return False
             builds = [b for b, index in self._builds.items() if index in wanted]
         futures.wait(builds)
@@ -517,7 +517,7 @@ class ShardRecords:
     def _pools(self) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
         """(builder, saver) threads of this process (a forked child makes its own)."""
         with self._lock:
-            if self._pool is None or self._pool[0] != os.getpid():
+            if not self._building_here():
                 self._pool = (os.getpid(),
                               ThreadPoolExecutor(_BUILDERS, thread_name_prefix="stoker-rowmajor"),
                               ThreadPoolExecutor(1, thread_name_prefix="stoker-rowmajor-save"))

@@ -187,9 +187,9 @@ class ArrowSource:
         #: (kernels_np.ahead) and build the records (or no records are wanted:
         #: ``row_major=False``), no batch ever wants the JIT kernels: a node's first run
         #: included (shuffled batches wait for the records being built, _wait_for_records)
-        self._ahead = aot_ok and (ahead_records or not records) and \
-            kernels_np.ahead.covers(self._plan) and \
-            (not records or rowmajor.built_ahead(self._plan))  # type: ignore[arg-type]
+        self._ahead = aot_ok and kernels_np.ahead.covers(self._plan) and (
+            not records or ahead_records and
+            rowmajor.built_ahead(self._plan))  # type: ignore[arg-type]
         #: the plan's JIT kernels are warmed once a batch or a shard needs them, not before,
         #: where stored records may serve every batch, or where no batch wants them (_ahead):
         #: such a process never imports Numba, whose start-up holds the GIL ~1 s against the
@@ -719,7 +719,7 @@ class ArrowSource:
         wanted = self._shards_of(np.concatenate(ids))
         if len(ids[-1]) and _contiguous(ids[-1]) and wanted[-1] + 1 < self.manifest.num_shards:
             wanted.append(wanted[-1] + 1)  # natural order: the workers' next shard builds too
-        new = [s for s in dict.fromkeys(wanted) if s not in self._opened_ahead]
+        new = [s for s in wanted if s not in self._opened_ahead]
         if not self._opened_ahead and self.manifest.num_shards <= _OPEN_ALL and \
                 all(self._shard_stored(s) for s in range(self.manifest.num_shards)):
             new = list(range(self.manifest.num_shards))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 
 from shard_writer import write_dataset  # noqa: E402,F401 - re-exported for the fast-path tests
 
-__all__ = ["mixed_table", "open_shard", "random_array", "record_table", "write_dataset"]
+__all__ = ["count_tile_builds", "mixed_table", "open_shard", "random_array", "record_table",
+           "write_dataset"]
 
 
 def mixed_table(n: int, start: int, seed: int) -> pa.Table:
@@ -101,3 +103,21 @@ def open_shard(m: Any, index: int, features: list[str], categoricals: list[str],
     layout = rowmajor.RecordLayout.of(plan, batches)
     assert layout is not None
     return plan, ShardData(batches, arena, plan.kernel_columns), layout
+
+
+def count_tile_builds(monkeypatch: Any, tile_rows: int) -> Counter[int]:
+    """Records tiles of ``tile_rows`` rows (stoker.loader.fastpath.rowmajor.Tiles) from now
+    on; the builds of each tile by this process (a forked child inherits the patch), counted
+    by the tile's first row."""
+    from stoker.loader.fastpath import rowmajor
+
+    monkeypatch.setattr(rowmajor.Tiles, "TILE_ROWS", tile_rows)
+    built: Counter[int] = Counter()
+    real = rowmajor.copy_runs
+
+    def counted(rec: np.ndarray, fields: Any, data: Any, first: np.ndarray, *rest: Any) -> None:
+        built[int(first[0])] += 1
+        real(rec, fields, data, first, *rest)
+
+    monkeypatch.setattr(rowmajor, "copy_runs", counted)
+    return built

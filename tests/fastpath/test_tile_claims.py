@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importlib mode)
 
-from fastpath_helpers import open_shard, record_table, write_dataset  # noqa: E402
+from fastpath_helpers import (count_tile_builds, open_shard, record_table,  # noqa: E402
+                              write_dataset)
 
 from stoker.loader import DataLoader, ReadOptions, WorkerOptions  # noqa: E402
 from stoker.loader.fastpath import rowmajor  # noqa: E402
@@ -44,18 +46,9 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Manifest:
 
 
 @pytest.fixture
-def small_tiles(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Tiles of ``TILE`` rows; the first row of each tile this process builds, in order."""
-    monkeypatch.setattr(rowmajor.Tiles, "TILE_ROWS", TILE)
-    built: list[int] = []
-    real = rowmajor.copy_runs
-
-    def counted(rec: np.ndarray, fields: Any, data: Any, first: np.ndarray, *rest: Any) -> None:
-        built.append(int(first[0]))
-        real(rec, fields, data, first, *rest)
-
-    monkeypatch.setattr(rowmajor, "copy_runs", counted)
-    return built
+def small_tiles(monkeypatch: pytest.MonkeyPatch) -> Counter[int]:
+    """Tiles of ``TILE`` rows; the builds of each tile by this process, by its first row."""
+    return count_tile_builds(monkeypatch, TILE)
 
 
 def _shard(m: Manifest) -> tuple[ShardData, rowmajor.RecordLayout]:
@@ -64,7 +57,7 @@ def _shard(m: Manifest) -> tuple[ShardData, rowmajor.RecordLayout]:
 
 
 def _reader(store: RecordStore, data: ShardData, layout: rowmajor.RecordLayout,
-            rows: tuple[int, int], built: list[int], out: Any, die_holding: bool) -> None:
+            rows: tuple[int, int], built: Counter[int], out: Any, die_holding: bool) -> None:
     """A worker process: join the build, read ``rows`` through the tiles (or take tile 0's
     claim and be killed holding it), report the tiles it built and the bytes it read."""
     nbytes = SIZES[0] * layout.stride
@@ -78,11 +71,11 @@ def _reader(store: RecordStore, data: ShardData, layout: rowmajor.RecordLayout,
         os.kill(os.getpid(), signal.SIGKILL)
     tiles = rowmajor.Tiles(layout, data, (), *joined)
     got = tiles.read(*rows).tobytes()
-    out.put((list(built), got, tiles.built_everywhere()))
+    out.put((sorted(built.elements()), got, tiles.built_everywhere()))
 
 
 def _build_with(store: RecordStore, data: ShardData, layout: rowmajor.RecordLayout,
-                built: list[int], rows: tuple[int, int], die_holding: bool = False
+                built: Counter[int], rows: tuple[int, int], die_holding: bool = False
                 ) -> tuple[np.ndarray | None, Any]:
     """Build shard 0's records in place while a forked reader joins the build first; what
     the store returns and the reader's report."""
@@ -108,17 +101,23 @@ def _whole(data: ShardData, layout: rowmajor.RecordLayout) -> np.ndarray:
     return rowmajor.build(layout, data, out=np.zeros(rows * layout.stride, np.uint8))
 
 
-@pytest.mark.timeout(120)
-def test_tiles_a_worker_built_are_not_built_again(dataset: Manifest, tmp_path: Path,
-                                                  small_tiles: list[int]) -> None:
+def _whole_and_store(dataset: Manifest, root: Path, built: Counter[int]
+                     ) -> tuple[ShardData, rowmajor.RecordLayout, np.ndarray, RecordStore]:
+    """Shard 0, its records in one build (not counted in ``built``), an empty store."""
     data, layout = _shard(dataset)
     want = _whole(data, layout)
-    small_tiles.clear()
-    store = RecordStore(str(tmp_path))
+    built.clear()
+    return data, layout, want, RecordStore(str(root))
+
+
+@pytest.mark.timeout(120)
+def test_tiles_a_worker_built_are_not_built_again(dataset: Manifest, tmp_path: Path,
+                                                  small_tiles: Counter[int]) -> None:
+    data, layout, want, store = _whole_and_store(dataset, tmp_path, small_tiles)
     got, (theirs, read, complete) = _build_with(store, data, layout, small_tiles, (100, 300))
     assert theirs == [64, 128, 192, 256]  # the tiles rows 100-299 fall in, built there
     assert read == want[100:300].tobytes() and not complete
-    assert sorted(small_tiles) == [t for t in range(0, SIZES[0], TILE) if t not in theirs]
+    assert small_tiles == Counter(t for t in range(0, SIZES[0], TILE) if t not in theirs)
     assert got is not None and got.tobytes() == want.tobytes()
     stored = store.open(NAME, got.nbytes)  # published with its digest
     assert stored is not None and stored.tobytes() == want.tobytes()
@@ -128,15 +127,12 @@ def test_tiles_a_worker_built_are_not_built_again(dataset: Manifest, tmp_path: P
 
 @pytest.mark.timeout(120)
 def test_a_tile_whose_builder_was_killed_is_built_again(dataset: Manifest, tmp_path: Path,
-                                                         small_tiles: list[int]) -> None:
+                                                         small_tiles: Counter[int]) -> None:
     """The claim's lock goes with its process; its tile is not marked built."""
-    data, layout = _shard(dataset)
-    want = _whole(data, layout)
-    small_tiles.clear()
-    store = RecordStore(str(tmp_path))
+    data, layout, want, store = _whole_and_store(dataset, tmp_path, small_tiles)
     got, said = _build_with(store, data, layout, small_tiles, (0, 1), die_holding=True)
     assert said == "holding"
-    assert sorted(small_tiles) == list(range(0, SIZES[0], TILE))  # tile 0 included
+    assert small_tiles == Counter(range(0, SIZES[0], TILE))  # tile 0 included, each once
     assert got is not None and got.tobytes() == want.tobytes()
 
 
@@ -153,15 +149,19 @@ def _bytes(batch: dict[str, Any]) -> dict[str, Any]:
             for k, v in batch.items()}
 
 
+def _natural(src: ArrowSource) -> list[dict[str, Any]]:
+    """Every row, in batches of 100 in natural order."""
+    return [_bytes(src.fetch(np.arange(lo, min(lo + 100, sum(SIZES)))))
+            for lo in range(0, sum(SIZES), 100)]
+
+
 def _fetch_natural(src: ArrowSource, out: Any) -> None:
-    got = [_bytes(src.fetch(np.arange(lo, min(lo + 100, sum(SIZES)))))
-           for lo in range(0, sum(SIZES), 100)]
-    out.put((got, src.rows_from_tiles, src.records_waits))
+    out.put((_natural(src), src.rows_from_tiles, src.records_waits))
 
 
 @pytest.mark.timeout(120)
 def test_a_forked_workers_natural_batches_build_and_read_its_loaders_tiles(
-        dataset: Manifest, tmp_path: Path, small_tiles: list[int],
+        dataset: Manifest, tmp_path: Path, small_tiles: Counter[int],
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Records built in place for worker processes (``for_workers``), the builders slowed:
     a forked worker's natural-order batches build the tiles they read, give the columns'
@@ -175,8 +175,7 @@ def test_a_forked_workers_natural_batches_build_and_read_its_loaders_tiles(
 
     monkeypatch.setattr(rowmajor.Tiles, "build", slow)
     columns = ArrowSource(dataset, features=FEATS, categoricals=CATS, row_major=False)
-    want = [_bytes(columns.fetch(np.arange(lo, min(lo + 100, sum(SIZES)))))
-            for lo in range(0, sum(SIZES), 100)]
+    want = _natural(columns)
     src = ArrowSource(dataset, features=FEATS, categoricals=CATS, row_major="auto",
                       row_major_dir=str(tmp_path / "records"))
     try:
@@ -207,7 +206,7 @@ def test_a_forked_workers_natural_batches_build_and_read_its_loaders_tiles(
 
 
 def test_two_process_workers_natural_first_run_gives_the_columns_bytes(
-        dataset: Manifest, tmp_path: Path, small_tiles: list[int],
+        dataset: Manifest, tmp_path: Path, small_tiles: Counter[int],
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The loader end to end: 2 process workers, natural order, no records stored; then a
     later run maps the files it published, with the same batches."""

@@ -18,7 +18,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importlib mode)
 
-from fastpath_helpers import open_shard, record_table, write_dataset  # noqa: E402
+from fastpath_helpers import (count_tile_builds, open_shard, record_table,  # noqa: E402
+                              write_dataset)
 
 from stoker.loader import DataLoader, ReadOptions, WorkerOptions  # noqa: E402
 from stoker.loader.fastpath import rowmajor  # noqa: E402
@@ -41,16 +42,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Manifest:
 @pytest.fixture
 def small_tiles(monkeypatch: pytest.MonkeyPatch) -> Counter[int]:
     """Tiles of ``TILE`` rows; counts the builds of each tile (by its first row)."""
-    monkeypatch.setattr(rowmajor.Tiles, "TILE_ROWS", TILE)
-    built: Counter[int] = Counter()
-    real = rowmajor.copy_runs
-
-    def counted(rec: np.ndarray, fields: Any, data: Any, first: np.ndarray, *rest: Any) -> None:
-        built[int(first[0])] += 1
-        real(rec, fields, data, first, *rest)
-
-    monkeypatch.setattr(rowmajor, "copy_runs", counted)
-    return built
+    return count_tile_builds(monkeypatch, TILE)
 
 
 def _shard(m: Manifest, index: int) -> tuple[ShardData, rowmajor.RecordLayout]:
