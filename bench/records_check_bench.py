@@ -43,7 +43,7 @@ FEATURES, CATS = lb.FEATURES, lb.CATS
 SAMPLES = (64, 256, 1024)
 
 
-def _open(path: Path, plan: FastPlan) -> tuple[ShardData, list[pa.RecordBatch]]:
+def open_shard(path: Path, plan: FastPlan) -> tuple[ShardData, list[pa.RecordBatch]]:
     """The shard as the loader opens it (stoker.loader.read.open_shards)."""
     source = pa.memory_map(str(path), "r")
     arena = source.read_buffer(source.size())
@@ -62,7 +62,7 @@ def run(rows: int, repeats: int, workdir: Path) -> str:
     m = Manifest.load(str(root))
     path = root / m.shards[0].path
     plan = FastPlan(m.arrow_schema, [*FEATURES, *CATS, "seq", "label"], FEATURES, CATS)
-    data, batches = _open(path, plan)
+    data, batches = open_shard(path, plan)
     layout = rowmajor.RecordLayout.of(plan, batches)
     assert layout is not None
     misfits = layout.misfits(batches)
@@ -78,11 +78,11 @@ def run(rows: int, repeats: int, workdir: Path) -> str:
         records = mapped.reshape(built.shape)
         assert record_check.first_mismatch(layout, data, records, misfits,
                                            np.arange(shard_rows)) is None  # every row agrees
-        t_open = _median_ms(lambda: _open(path, plan), repeats)
+        t_open = _median_ms(lambda: open_shard(path, plan), repeats)
         t_map = _median_ms(lambda: store.open(name, built.nbytes), repeats)
         checks = {}
         for k in SAMPLES:
-            fresh = [_open(path, plan)[0] for _ in range(repeats)]
+            fresh = [open_shard(path, plan)[0] for _ in range(repeats)]
             it = iter(fresh)
             checks[k] = _median_ms(lambda: record_check.first_mismatch(
                 layout, data=next(it), records=records, skip=misfits,

@@ -193,6 +193,33 @@ def _copy_bool(u8, meta, j, c, lo, n, r0, out):  # type: ignore[no-untyped-def]
 
 
 @kernel
+def _uniform_code(meta, c):  # type: ignore[no-untyped-def]
+    """The type code every column of record batch ``c`` has, when none has nulls and none
+    is bool; else -1."""
+    if meta.shape[1] == 0:
+        return -1
+    code = meta[c, 0, 0]
+    for j in range(meta.shape[1]):
+        if meta[c, j, 0] != code or meta[c, j, 1] >= 0:
+            return -1
+    return -1 if code == BOOL else code
+
+
+@kernel
+def _rows_across(src, shift, meta, c, lo, n, r0, out):  # type: ignore[no-untyped-def]
+    """Rows ``lo:lo + n`` of record batch ``c`` -> ``out[r0:r0 + n, :]``, a row at a time
+    across every column (all of one type, no nulls): each row of ``out`` is written whole,
+    and each column's cache line, read once, serves the rows after it from L1."""
+    k = meta.shape[1]
+    base = np.empty(k, dtype=np.int64)
+    for j in range(k):
+        base[j] = (meta[c, j, 2] >> shift) + meta[c, j, 3] + lo
+    for i in range(n):
+        for j in range(k):
+            out[r0 + i, j] = src[base[j] + i]
+
+
+@kernel
 def copy_ranges(views, meta, starts, firsts, ends, dests, block, out):  # type: ignore[no-untyped-def]
     """Runs of consecutive shard rows: rows ``firsts[i]:ends[i]`` (shard-local) ->
     ``out[dests[i]:dests[i] + ends[i] - firsts[i], :]``, the values :func:`gather_fixed`
@@ -220,6 +247,27 @@ def _copy_rows(views, meta, c, lo, n, r0, block, out):  # type: ignore[no-untype
     at a time over every column (the tile of ``out`` stays in cache while each column is
     read sequentially)."""
     u8, i8, i16, i32, i64, u16, u32, u64, f32, f64 = views
+    code = _uniform_code(meta, c)
+    if code == F32:
+        return _rows_across(f32, 2, meta, c, lo, n, r0, out)
+    if code == I64:
+        return _rows_across(i64, 3, meta, c, lo, n, r0, out)
+    if code == F64:
+        return _rows_across(f64, 3, meta, c, lo, n, r0, out)
+    if code == I32:
+        return _rows_across(i32, 2, meta, c, lo, n, r0, out)
+    if code == I16:
+        return _rows_across(i16, 1, meta, c, lo, n, r0, out)
+    if code == I8:
+        return _rows_across(i8, 0, meta, c, lo, n, r0, out)
+    if code == U8:
+        return _rows_across(u8, 0, meta, c, lo, n, r0, out)
+    if code == U16:
+        return _rows_across(u16, 1, meta, c, lo, n, r0, out)
+    if code == U32:
+        return _rows_across(u32, 2, meta, c, lo, n, r0, out)
+    if code == U64:
+        return _rows_across(u64, 3, meta, c, lo, n, r0, out)
     for t in range(lo, lo + n, block):
         m = min(block, lo + n - t)
         r = r0 + t - lo
@@ -378,6 +426,60 @@ def gather_list(views, meta, chunk, row, dest, out):  # type: ignore[no-untyped-
         _list_typed(u8, 0, True, views, meta, chunk, row, dest, out)
 
 
+@kernel
+def _list_run(views, meta, c, lo, n, r0, out):  # type: ignore[no-untyped-def]
+    """Rows ``lo:lo + n`` of record batch ``c`` of a list column -> padded ``out[r0:r0 + n]``
+    when its values have no validity bitmap and are not bool (what :func:`gather_list`
+    writes, without a per-value null test); ``False`` (nothing written) otherwise."""
+    u8, i8, i16, i32, i64, u16, u32, u64, f32, f64 = views
+    code = meta[c, 4]
+    if meta[c, 5] >= 0:
+        return False
+    if code == F32:
+        _list_values(f32, 2, views, meta, c, lo, n, r0, out)
+    elif code == F64:
+        _list_values(f64, 3, views, meta, c, lo, n, r0, out)
+    elif code == I64:
+        _list_values(i64, 3, views, meta, c, lo, n, r0, out)
+    elif code == I32:
+        _list_values(i32, 2, views, meta, c, lo, n, r0, out)
+    elif code == I16:
+        _list_values(i16, 1, views, meta, c, lo, n, r0, out)
+    elif code == I8:
+        _list_values(i8, 0, views, meta, c, lo, n, r0, out)
+    elif code == U8:
+        _list_values(u8, 0, views, meta, c, lo, n, r0, out)
+    elif code == U16:
+        _list_values(u16, 1, views, meta, c, lo, n, r0, out)
+    elif code == U32:
+        _list_values(u32, 2, views, meta, c, lo, n, r0, out)
+    elif code == U64:
+        _list_values(u64, 3, views, meta, c, lo, n, r0, out)
+    else:
+        return False
+    return True
+
+
+@kernel
+def _list_values(src, shift, views, meta, c, lo, n, r0, out):  # type: ignore[no-untyped-def]
+    u8 = views[0]
+    m = meta[c]
+    width = out.shape[1]
+    base = (m[6] >> shift) + m[7]
+    for i in range(n):
+        k = m[3] + lo + i
+        d = r0 + i
+        count = 0
+        if _valid(u8, m[0], k):
+            a, b = _bounds(views, m, k)
+            count = b - a
+            p = base + a
+            for t in range(count):
+                out[d, t] = src[p + t]
+        for t in range(count, width):
+            out[d, t] = 0
+
+
 _LIST_BLOCK = 2048  # rows per gather_list call of copy_list_ranges (bounds its scratch arrays)
 
 
@@ -396,6 +498,11 @@ def copy_list_ranges(views, meta, starts, firsts, ends, dests, out):  # type: ig
         c = last_at_or_below(starts, pos, 0, last)
         while pos < ends[i]:
             stop = min(ends[i], starts[c + 1])
+            if _list_run(views, meta, c, pos - starts[c], stop - pos, dests[i] + pos - firsts[i],
+                         out):
+                pos = stop
+                c += 1
+                continue
             for lo in range(pos, stop, _LIST_BLOCK):
                 n = min(_LIST_BLOCK, stop - lo)
                 for t in range(n):
