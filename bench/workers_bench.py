@@ -78,9 +78,12 @@ STEADY = 3  # its last epochs, whose median rate is the steady one
 CEILING_RUNS = 3
 
 
-def cases(images: bool) -> list[str]:
+RUNS = ("first", "second", "later", "sustained")
+
+
+def cases(images: bool, runs: tuple[str, ...] = RUNS) -> list[str]:
     out = []
-    for run in ("first", "second", "later", "sustained"):
+    for run in runs:
         for shuffle in ("on", "off"):
             for mode in ("thread", "process"):
                 for workers in (0, 1, 2):
@@ -187,6 +190,8 @@ def table(medians: dict[str, float]) -> str:
         [(f"sustained: last {STEADY} of {EPOCHS} epochs", "sustained", ""),
          (f"sustained: all {EPOCHS} epochs", "sustained", "#overall")]
     for label, run, suffix in rows:
+        if f"w1/{run}/shuffle on/thread/0" not in medians:  # not asked for (--runs)
+            continue
         for shuffle in ("on", "off"):
             for mode in ("thread", "process"):
                 cells = []
@@ -213,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--images", type=int, default=0, help="W2 images (0: skip W2)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/stoker-loader-bench"))
+    ap.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS),
+                    help="which W1 runs (default: all); e.g. first runs alone, repeated more")
     ap.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
     ap.add_argument("--case", help=argparse.SUPPRESS)
     ap.add_argument("--data", type=Path, help=argparse.SUPPRESS)
@@ -220,13 +227,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.case:
         print(json.dumps(run_case(args.case, args.data)))
         return 0
+    if args.write and tuple(args.runs) != RUNS:
+        ap.error("--write replaces the whole Workers section: give every run (no --runs)")
     lb.prepare(args.workdir, args.rows, args.images or 1)
     data = Path(tempfile.mkdtemp(prefix="stoker-workers-"))
     (data / "w1").symlink_to(args.workdir / f"w1-{args.rows}")
     (data / "w2").symlink_to(args.workdir / f"w2-{args.images or 1}")
     records = Path(tempfile.mkdtemp(prefix="stoker-workers-records-"))
-    names = cases(bool(args.images))
-    _spawn("w1/records/shuffle on/thread/0", data, records)  # untimed: records on disk
+    names = cases(bool(args.images), tuple(args.runs))
+    if {"later", "sustained"} & set(args.runs):
+        _spawn("w1/records/shuffle on/thread/0", data, records)  # untimed: records on disk
     if args.images:
         _spawn("w2/later/shuffle on/thread/0", data, records)
     runs: dict[str, list[float]] = {n: [] for n in names}
