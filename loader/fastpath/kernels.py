@@ -303,7 +303,8 @@ def columns_to_records(addrs, sizes, offsets, rows, block, out, stride):  # type
     ``addrs[j]``) -> bytes ``offsets[j]:offsets[j] + sizes[j]`` of record ``r`` (records of
     ``stride`` bytes from address ``out``), for ``rows`` rows, ``block`` rows at a time over
     every column (the tile of records stays in cache while each column is read in order).
-    4- and 8-byte values (offsets and stride multiples of their size) move as one word each.
+    4- and 8-byte values move as one word each where their offset and the stride are
+    multiples of their size, else byte by byte.
 
     Plain columns (no nulls, no cast) made row-major in one call that holds no GIL: NumPy
     copies one column of one tile per call and takes the GIL for each
@@ -315,12 +316,12 @@ def columns_to_records(addrs, sizes, offsets, rows, block, out, stride):  # type
         m = min(block, rows - t)
         for j in range(addrs.shape[0]):
             size, o = sizes[j], offsets[j]
-            if size == 4:
+            if size == 4 and o % 4 == 0 and stride % 4 == 0:
                 p32 = pointer32(addrs[j])
                 s, d = stride >> 2, o >> 2
                 for r in range(t, t + m):
                     o32[r * s + d] = p32[r]
-            elif size == 8:
+            elif size == 8 and o % 8 == 0 and stride % 8 == 0:
                 p64 = pointer64(addrs[j])
                 s, d = stride >> 3, o >> 3
                 for r in range(t, t + m):
