@@ -227,15 +227,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.case:
         print(json.dumps(run_case(args.case, args.data)))
         return 0
-    if args.write and tuple(args.runs) != RUNS:
+    runs = tuple(r for r in RUNS if r in args.runs)  # each once, in the table's order
+    if args.write and runs != RUNS:
         ap.error("--write replaces the whole Workers section: give every run (no --runs)")
     lb.prepare(args.workdir, args.rows, args.images or 1)
     data = Path(tempfile.mkdtemp(prefix="stoker-workers-"))
     (data / "w1").symlink_to(args.workdir / f"w1-{args.rows}")
     (data / "w2").symlink_to(args.workdir / f"w2-{args.images or 1}")
     records = Path(tempfile.mkdtemp(prefix="stoker-workers-records-"))
-    names = cases(bool(args.images), tuple(args.runs))
-    if {"later", "sustained"} & set(args.runs):
+    names = cases(bool(args.images), runs)
+    if {"later", "sustained"} & set(runs):
         _spawn("w1/records/shuffle on/thread/0", data, records)  # untimed: records on disk
     if args.images:
         _spawn("w2/later/shuffle on/thread/0", data, records)
