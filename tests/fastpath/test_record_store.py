@@ -453,3 +453,57 @@ def test_written_waits_for_the_process_writing_a_file(tmp_path: Path) -> None:
         assert marker.exists()
     finally:
         writer.wait(10)
+
+
+def _vm_flags(arr: np.ndarray) -> list[str]:
+    """The ``VmFlags`` of the map holding ``arr`` (/proc/self/smaps)."""
+    addr, inside = arr.ctypes.data, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(maxsplit=1)[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError(f"no map holds address {addr:#x}")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise flags: Linux")
+def test_a_mapped_record_file_is_advised_huge_pages(tmp_path: Path) -> None:
+    """A record file ``open`` maps is advised ``MADV_HUGEPAGE`` (smaps flag ``hg``), so its
+    page cache is read back in 2 MB folios and gathers take one TLB entry per 2 MB
+    (bench/hugepages_bench.py); its bytes are the ones saved, and a file built in place is
+    not advised (that built slower)."""
+    store = RecordStore(str(tmp_path))
+    want = np.random.default_rng(3).integers(0, 256, size=3 << 20, dtype=np.uint8)
+    assert store.save("a.rec", want)
+    with collecting() as noted:
+        got = store.open("a.rec", want.nbytes)
+    assert got is not None and np.array_equal(got, want)
+    assert "hg" in _vm_flags(got) and not noted
+    built = store.build("b.rec", 1 << 21, lambda out, claims: out.fill(7))
+    assert built is not None and "hg" not in _vm_flags(built)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise: Linux")
+def test_refused_huge_pages_are_a_counted_fallback_with_the_same_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel that refuses the huge-page advice (here: advice it does not know, so the
+    kernel itself says EINVAL) costs speed, never bytes: the records are served, the refusal
+    is the counted ``"no_huge_pages"`` fallback naming the file's size, asked once per
+    process."""
+    from stoker.loader.fastpath import record_store
+
+    monkeypatch.setattr(record_store, "_HUGEPAGE", 9999)
+    monkeypatch.setattr(record_store, "_refused", [False])
+    store = RecordStore(str(tmp_path))
+    want = np.arange(4096, dtype=np.uint8)
+    assert store.save("a.rec", want) and store.save("b.rec", want[::-1].copy())
+    with collecting() as noted:
+        a = store.open("a.rec", want.nbytes)
+        b = store.open("b.rec", want.nbytes)
+    assert a is not None and np.array_equal(a, want)
+    assert b is not None and np.array_equal(b, want[::-1])
+    count, detail = noted["no_huge_pages"]
+    assert count == 1 and "4112-byte record file" in detail and "hg" not in _vm_flags(a)
