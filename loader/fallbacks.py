@@ -74,7 +74,7 @@ REASONS = {
     "no_huge_pages": "the kernel refused to map a record file in huge pages (madvise "
                      "MADV_HUGEPAGE: no transparent huge pages here): shuffled batches read its "
                      "records through 4 KB pages, the same bytes, slower the larger the file "
-                     "(2x at 1.5 GB: stoker.loader.fastpath.record_store)",
+                     "(1.9x at 1.5 GB: stoker.loader.fastpath.record_store)",
     "no_io_priority": "a records builder thread could not put its disk reads in the idle I/O "
                       "class (ioprio_set refused): it reads at the loader's own priority "
                       "(stoker.loader.fastpath.shard_records.idle_io)",

@@ -333,7 +333,7 @@ def _huge_map(fd: int, nbytes: int, prot: int) -> mmap.mmap:
     written in large pieces (:meth:`RecordStore.save`) is held so already, but one read back
     after eviction comes partly in small folios unless its map is advised first, when faults
     read 2 MB folios. A shuffled epoch's gather from 2 MB entries against 4 KB ones:
-    1.0x at 37 MB, 1.5x at 748 MB, 2.0x at 1.5 GB of records (bench/hugepages_bench.py,
+    1.1x at 37 MB, 1.6x at 748 MB, 1.9x at 1.5 GB of records (bench/hugepages_bench.py,
     bench/RESULTS.md "Huge pages"). Only maps that read: a file built in place
     (:meth:`RecordStore.build`) advised so built slower (2 M W1 rows, 2 process workers,
     first run: 3.5-5.0 s against 2.8-3.1 s). A kernel without transparent huge pages refuses
