@@ -40,6 +40,7 @@ from typing import Callable
 
 import numpy as np
 
+from stoker.loader.fastpath.advise import smaps_entry
 from stoker.loader.fastpath.record_store import RecordStore
 from stoker.loader.fastpath.record_table import _gather
 from stoker.loader.jit import aot
@@ -51,17 +52,9 @@ BATCH = 1024
 
 def _pmd_share(arr: np.ndarray) -> float:
     """Share of the map holding ``arr`` that the kernel maps in 2 MB entries."""
-    addr, fields, inside = arr.ctypes.data, {}, False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split(maxsplit=1)[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo <= addr < hi
-            elif inside:
-                key, value = line.split(":", 1)
-                fields[key] = value.split()[0]
-    return int(fields.get("FilePmdMapped", 0)) / max(int(fields.get("Size", 1)), 1)
+    entry = smaps_entry(arr.ctypes.data)
+    return int(entry.get("FilePmdMapped", "0 kB").split()[0]) / \
+        max(int(entry.get("Size", "1 kB").split()[0]), 1)
 
 
 def _small_map(path: str, nbytes: int, advise: int | None) -> np.ndarray:

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from stoker.loader.fastpath.rowmajor import Field
 
 __all__ = ["advise_list_offsets", "advise_open", "advise_random", "advise_runs", "advise_whole",
-           "memory_limit", "page_ranges", "run_byte_ranges", "shards_fit_memory"]
+           "memory_limit", "page_ranges", "run_byte_ranges", "shards_fit_memory", "smaps_entry"]
 
 _PAGE = mmap.PAGESIZE
 _NORMAL = getattr(mmap, "MADV_NORMAL", 0)
@@ -271,6 +271,27 @@ def advise_random(arena: object) -> bool:
 #: 8 MB here, ``read_ahead_kb`` = 8192; the usual default is 128). Pieces of that default
 #: read 0.8 GB of shards, page cache dropped, in 0.32 s here (8 MB pieces: 0.40 s).
 _WHOLE_CHUNK = 128 << 10
+
+
+def smaps_entry(address: int) -> dict[str, str]:
+    """The kernel's account of the map of this process holding ``address``
+    (``/proc/self/smaps``, Linux): its flags (``VmFlags``, e.g. ``hg`` for
+    ``MADV_HUGEPAGE``) and sizes (``FilePmdMapped``: how much of it 2 MB entries map), as
+    text by key; ``{}`` when no map holds it. Reads every map's entry: for checks and
+    benchmarks, not per batch."""
+    inside, entry = False, {}
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(maxsplit=1)[0]
+            if "-" in head and not head.endswith(":"):  # "lo-hi perms offset dev inode path"
+                if inside:
+                    break
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside:
+                key, value = line.split(":", 1)
+                entry[key] = value.strip()
+    return entry
 
 
 def advise_whole(arena: object) -> bool:

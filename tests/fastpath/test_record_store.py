@@ -24,6 +24,7 @@ from stoker.loader import DataLoader, ReadOptions  # noqa: E402
 from stoker.loader.fallbacks import collecting  # noqa: E402
 from stoker.loader.read.arrow import ArrowSource  # noqa: E402
 from stoker.loader.fastpath import rowmajor, shard_records  # noqa: E402
+from stoker.loader.fastpath.advise import smaps_entry  # noqa: E402
 from stoker.loader.fastpath.record_store import RecordStore, default_dir  # noqa: E402
 from stoker.manifest import Manifest  # noqa: E402
 
@@ -456,17 +457,8 @@ def test_written_waits_for_the_process_writing_a_file(tmp_path: Path) -> None:
 
 
 def _vm_flags(arr: np.ndarray) -> list[str]:
-    """The ``VmFlags`` of the map holding ``arr`` (/proc/self/smaps)."""
-    addr, inside = arr.ctypes.data, False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split(maxsplit=1)[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo <= addr < hi
-            elif inside and head == "VmFlags:":
-                return line.split()[1:]
-    raise AssertionError(f"no map holds address {addr:#x}")
+    """The ``VmFlags`` of the map holding ``arr``."""
+    return smaps_entry(arr.ctypes.data)["VmFlags"].split()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise flags: Linux")
