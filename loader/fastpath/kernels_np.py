@@ -62,7 +62,7 @@ def gather_fixed(views: tuple[np.ndarray, ...], meta: np.ndarray, chunk: np.ndar
         return
     m = meta[chunk]  # [n, K, 4]
     codes = meta[0, :, 0]
-    for code in np.unique(codes).tolist():
+    for code in sorted(set(codes.tolist())):  # not np.unique: it imports numpy.ma
         cols = np.flatnonzero(codes == code)
         mc = m[:, cols]
         e = mc[..., 3] + row[:, None]

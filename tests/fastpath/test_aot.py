@@ -258,6 +258,7 @@ for batch in loader:
 loader._source.wait_row_major()  # every record saved: the next run finds them all
 loader.close()
 print(json.dumps({"digest": h.hexdigest(), "numba": "numba" in sys.modules,
+                  "numpy_ma": "numpy.ma" in sys.modules,
                   "fallbacks": dict(loader.stats.fallbacks)}))
 """
 
@@ -288,7 +289,10 @@ def test_a_run_of_stored_records_never_imports_numba(built: str, tmp_path: Path,
                                                      three_shards: Path, workers: int,
                                                      mode: str) -> None:
     """Nor does the consumer of process workers import it before forking them (Numba's
-    import is a fork-gate unit instead: stoker.loader.jit.kernel.materialize)."""
+    import is a fork-gate unit instead: stoker.loader.jit.kernel.materialize). Without
+    workers nothing imports ``numpy.ma`` either (``np.unique``'s first call does: ~10-18 ms
+    of the first batch; a consumer of process workers imports it before forking them, on
+    purpose: stoker.loader.workers.processes)."""
     records = tmp_path / "records"
     first = _run(_EPOCH, three_shards, records, STOKER_AOT="off")  # builds, saves
     assert first["numba"]
@@ -296,6 +300,7 @@ def test_a_run_of_stored_records_never_imports_numba(built: str, tmp_path: Path,
                  STOKER_AOT_DIR=built, STOKER_COLD_START="fallback", WORKER_MODE=mode)
     assert not ahead["numba"] and ahead["digest"] == first["digest"]
     assert "compiling" not in ahead["fallbacks"]
+    assert ahead["numpy_ma"] == (mode == "process")
     jit = _run(_EPOCH, three_shards, records, STOKER_AOT="off")  # the stored records
     assert jit["numba"] and jit["digest"] == first["digest"]
 
