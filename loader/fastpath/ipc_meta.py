@@ -196,6 +196,88 @@ def _read(buf: memoryview, schema: pa.Schema) -> IpcLayout:
         first_node[f.name], first_buffer[f.name] = nodes_total, buffers_total
         nodes_total += len(c)
         buffers_total += sum(c)
+    try:
+        rows, nodes, buffers = _messages_at_once(buf, blocks, nodes_total, buffers_total)
+    except _Unknown:  # something the vectorised reading does not assume: message by message
+        rows, nodes, buffers = _messages(buf, blocks, nodes_total, buffers_total)
+    if (buffers[..., 0] + buffers[..., 1] > size).any() or (buffers < 0).any():
+        raise _Unknown("a buffer outside the file")
+    return IpcLayout(rows, nodes, buffers, first_node, first_buffer)
+
+
+class _Reader:
+    """Little-endian integers at many absolute positions of ``buf`` at once, each read only
+    inside its own message's metadata ``[lo, hi)`` (else :class:`_Unknown`)."""
+
+    def __init__(self, buf: memoryview, lo: np.ndarray, hi: np.ndarray) -> None:
+        self.u8 = np.frombuffer(buf.obj, dtype=np.uint8)  # type: ignore[call-overload]
+        self.lo, self.hi = lo, hi
+
+    def int(self, pos: np.ndarray, width: int, signed: bool = False) -> np.ndarray:
+        if ((pos < self.lo) | (pos + width > self.hi)).any():
+            raise _Unknown("a flatbuffer offset outside its message")
+        raw = self.u8[pos[:, None] + np.arange(width)]
+        dtype = f"<{'i' if signed else 'u'}{width}"
+        return raw.view(dtype).reshape(len(pos)).astype(np.int64)
+
+    def field(self, table: np.ndarray, index: int) -> np.ndarray:
+        """:func:`_field` of every message: the position of field ``index``, or 0."""
+        vtable = table - self.int(table, 4, signed=True)
+        has = 4 + 2 * index < self.int(vtable, 2)
+        at = self.int(np.where(has, vtable + 4 + 2 * index, vtable), 2)
+        return np.where(has & (at != 0), table + at, 0)
+
+    def target(self, pos: np.ndarray) -> np.ndarray:
+        return pos + self.int(pos, 4)
+
+
+def _messages_at_once(buf: memoryview, blocks: np.ndarray, nodes_total: int,
+                      buffers_total: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_messages`, every message's flatbuffer walked at once with NumPy (a 240 MB W1
+    shard of 615 record batches: 2.5-4 ms against 8-11 ms message by message, 13-15 ms
+    against 22 ms in a fresh process, whose first touch of each new page is a fault; the
+    largest part of opening a shard whose records are stored). Raises :class:`_Unknown`
+    where it assumes more than the loop: every message's field nodes and buffers 8-byte
+    aligned in the file, every field present."""
+    offset = blocks[:, 0].astype(np.int64)
+    end = offset + (blocks[:, 1] & 0xFFFFFFFF)
+    r = _Reader(buf, offset, end)
+    start = offset + np.where(r.int(offset, 4) == _CONTINUATION, 8, 4)
+    r.lo = start
+    msg = r.target(start)
+    kind = r.field(msg, 1)
+    if not kind.all() or (r.int(kind, 1) != _RECORD_BATCH).any():
+        raise _Unknown("a block that is not a record batch")
+    header = r.target(r.field(msg, 2))
+    if r.field(header, 3).any():
+        raise _Unknown("compressed record batch")
+    length = r.field(header, 0)
+    rows = np.where(length != 0, r.int(np.where(length != 0, length, start), 8, signed=True), 0)
+    words = np.frombuffer(buf.obj, dtype="<i8", count=len(buf) // 8)  # type: ignore[call-overload]
+    out = []  # rows of a sliding view: no index array, one copy of what is read
+    for index, total in ((1, nodes_total), (2, buffers_total)):
+        pos = r.field(header, index)
+        if not pos.all():
+            raise _Unknown("a record batch without its field nodes or buffers")
+        vec = r.target(pos)
+        if (r.int(vec, 4) != total).any():
+            raise _Unknown("field nodes or buffers do not match the schema")
+        first = vec + 4
+        if (first % 8).any() or (first + 16 * total > end).any():
+            raise _Unknown("field nodes or buffers not 8-byte aligned inside the message")
+        windows = np.lib.stride_tricks.sliding_window_view(words, 2 * total) if total \
+            else np.empty((len(words), 0), dtype=np.int64)
+        out.append(windows[first // 8].reshape(len(blocks), total, 2))
+    nodes, buffers = out
+    buffers[..., 0] += end[:, None]  # a buffer's offset counts from the body
+    return rows, nodes, buffers
+
+
+def _messages(buf: memoryview, blocks: np.ndarray, nodes_total: int,
+              buffers_total: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each record batch's rows, field nodes and buffers (file offsets), message by
+    message."""
+    count = len(blocks)
     rows = np.empty(count, dtype=np.int64)
     nodes = np.empty((count, nodes_total, 2), dtype=np.int64)
     buffers = np.empty((count, buffers_total, 2), dtype=np.int64)
@@ -220,9 +302,7 @@ def _read(buf: memoryview, schema: pa.Schema) -> IpcLayout:
         nodes[i] = n
         buffers[i, :, 0] = b[:, 0] + body
         buffers[i, :, 1] = b[:, 1]
-    if (buffers[..., 0] + buffers[..., 1] > size).any() or (buffers < 0).any():
-        raise _Unknown("a buffer outside the file")
-    return IpcLayout(rows, nodes, buffers, first_node, first_buffer)
+    return rows, nodes, buffers
 
 
 class FileBatches(Sequence[pa.RecordBatch]):

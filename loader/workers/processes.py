@@ -159,11 +159,16 @@ class _Proc:
         task_r.close()
         result_w.close()
 
-    def stop(self, wait: float) -> None:
+    def ask_to_stop(self) -> None:
+        """Tell the worker to exit once its current task is done (:meth:`stop` waits)."""
         try:
             self.tasks.send_bytes(dumps(None))
         except (OSError, ValueError):
             pass
+
+    def stop(self, wait: float, asked: bool = False) -> None:
+        if not asked:
+            self.ask_to_stop()
         p = self.process
         p.join(timeout=wait)
         if p.is_alive():
@@ -397,8 +402,10 @@ class ProcessPool(WorkerPool):
             return
         self._closed = True
         self.discard_pending()  # drops the shared-memory tensors of batches never consumed
+        for w in self._workers:  # all told first: they exit (unmap, tear down) together
+            w.ask_to_stop()
         for w in self._workers:
-            w.stop(wait=2)
+            w.stop(wait=2, asked=True)
 
 
 def _remove_shm_of(pid: int | None) -> None:

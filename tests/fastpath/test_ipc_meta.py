@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from stoker.loader.fastpath import ipc_meta
 from stoker.loader.fastpath import plan as plan_mod
 from stoker.loader.fastpath.ipc_meta import read_layout
 from stoker.loader.fastpath.plan import NotZeroCopy, ShardData, _kind, _Locator
@@ -85,6 +86,14 @@ def test_layout_metadata_equals_pyarrows(tmp_path: Path, kinds: list[str], batch
     layout = read_layout(arena, batches[0].schema)
     assert layout is not None
     assert layout.rows.tolist() == [b.num_rows for b in batches]
+    # every message at once (NumPy) reads what the message-by-message loop reads
+    buf = memoryview(arena)
+    _, blocks = ipc_meta._blocks(buf)
+    nodes, buffers = layout.nodes.shape[1], layout.buffers.shape[1]
+    for at_once, one_by_one in zip(ipc_meta._messages_at_once(buf, blocks, nodes, buffers),
+                                   ipc_meta._messages(buf, blocks, nodes, buffers)):
+        assert at_once.dtype == one_by_one.dtype == np.int64
+        np.testing.assert_array_equal(at_once, one_by_one)
     for name in batches[0].schema.names:
         t = batches[0].schema.field(name).type
         if _kind(t) == "arrow":
