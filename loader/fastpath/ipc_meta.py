@@ -243,7 +243,7 @@ def _messages_at_once(buf: memoryview, blocks: np.ndarray, nodes_total: int,
     end = offset + (blocks[:, 1] & 0xFFFFFFFF)
     r = _Reader(buf, offset, end)
     start = offset + np.where(r.int(offset, 4) == _CONTINUATION, 8, 4)
-    r.lo = start
+    r.lo = start  # from here on: inside the flatbuffer (after the marker and its length)
     msg = r.target(start)
     kind = r.field(msg, 1)
     if not kind.all() or (r.int(kind, 1) != _RECORD_BATCH).any():
