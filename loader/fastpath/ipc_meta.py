@@ -241,9 +241,9 @@ def _messages_at_once(buf: memoryview, blocks: np.ndarray, nodes_total: int,
     aligned in the file, every field present."""
     offset = blocks[:, 0].astype(np.int64)
     end = offset + (blocks[:, 1] & 0xFFFFFFFF)
-    r = _Reader(buf, offset, end)
-    start = offset + np.where(r.int(offset, 4) == _CONTINUATION, 8, 4)
-    r.lo = start  # from here on: inside the flatbuffer (after the marker and its length)
+    marker = _Reader(buf, offset, end).int(offset, 4)
+    start = offset + np.where(marker == _CONTINUATION, 8, 4)
+    r = _Reader(buf, start, end)  # each message's flatbuffer, after its marker and length
     msg = r.target(start)
     kind = r.field(msg, 1)
     if not kind.all() or (r.int(kind, 1) != _RECORD_BATCH).any():

@@ -11,9 +11,10 @@ Column descriptions (``meta``) hold *byte* offsets into the arena, ``-1`` for "n
 bitmap", and the Arrow array offset (sliced arrays), per record batch.
 
 The same ten-way switch on the physical type code appears in :func:`_dispatch`,
-:func:`_copy_rows`, :func:`gather_list` and :func:`_list_run` on purpose: each branch must call its helper with a
-differently typed view, and the one generic alternative, passing the helper as a function
-argument, makes Numba refuse ``cache=True`` (numba/numba#6251), which the start-up time needs.
+:func:`_copy_rows`, :func:`gather_list` and :func:`_list_run` on purpose: each branch must
+call its helper with a differently typed view, and the one generic alternative, passing the
+helper as a function argument, makes Numba refuse ``cache=True`` (numba/numba#6251), which
+the start-up time needs.
 
 Null rule (documented for users): a null numeric value is written as 0 (``False`` for bool,
 0 for categorical codes); a null list is empty (its lengths entry is 0); a null binary or

@@ -100,11 +100,8 @@ def first_mismatch(layout: RecordLayout, data: ShardData, records: np.ndarray,
         return None
     chunk = np.searchsorted(data.starts, rows, side="right") - 1
     local = rows - data.starts[chunk]
-    # metadata of these batches only (not np.unique: its first call imports numpy.ma,
-    # on a later run's first batch)
-    batches = np.sort(chunk)
-    touched = batches[np.concatenate(([True], batches[1:] != batches[:-1]))]
-    nth = np.searchsorted(touched, chunk).astype(np.int64)
+    touched, nth = np.unique(chunk, return_inverse=True)  # metadata of these batches only
+    nth = nth.astype(np.int64)
     dest = np.arange(len(rows), dtype=np.int64)
     stored = records[rows]  # [n, stride]: a copy of the checked rows only
     for f in layout.fields:

@@ -144,8 +144,7 @@ class RecordStore:
             if os.fstat(fd).st_size != nbytes + _TRAILER:
                 region = None
             else:
-                region = _huge_map(fd, nbytes + _TRAILER, mmap.PROT_READ)
-                _populate_read(region, name)
+                region = _map_records(fd, nbytes + _TRAILER, name)
         finally:
             os.close(fd)
         data = np.frombuffer(region, dtype=np.uint8) if region is not None else None
@@ -323,8 +322,10 @@ class RecordStore:
         return self._files.temp(name, nbytes)
 
 
-def _huge_map(fd: int, nbytes: int, prot: int) -> mmap.mmap:
-    """A shared map of a record file, advised ``MADV_HUGEPAGE`` before any page is touched.
+def _map_records(fd: int, nbytes: int, name: str) -> mmap.mmap:
+    """A shared read-only map of record file ``name``, advised ``MADV_HUGEPAGE`` before any
+    page is touched, then faulted in whole (``MADV_POPULATE_READ``, Linux 5.14: as
+    ``MAP_POPULATE`` would, but after the advice; the checksum reads every page next).
 
     A shuffled batch reads each record at a random address of a file of hundreds of MB: with
     4 KB pages nearly every record costs a TLB miss and a page walk. The page cache holds a
@@ -336,31 +337,26 @@ def _huge_map(fd: int, nbytes: int, prot: int) -> mmap.mmap:
     1.1x at 37 MB, 1.6x at 748 MB, 1.9x at 1.5 GB of records (bench/hugepages_bench.py,
     bench/RESULTS.md "Huge pages"). Only maps that read: a file built in place
     (:meth:`RecordStore.build`) advised so built slower (2 M W1 rows, 2 process workers,
-    first run: 3.5-5.0 s against 2.8-3.1 s). A kernel without transparent huge pages refuses
-    the advice: the counted fallback ``"no_huge_pages"``, the same bytes in small pages."""
-    region = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED, prot=prot)
+    first run: 3.5-5.0 s against 2.8-3.1 s). A refused advice (no transparent huge pages
+    here) is the counted fallback ``"no_huge_pages"``, a refused populate (an older kernel)
+    ``"no_populate"``, each asked until refused once per process: the same bytes, in small
+    pages or faulted in by the checksum."""
+    region = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
     if _HUGEPAGE is not None and not _refused[0]:
         try:
             region.madvise(_HUGEPAGE)
         except OSError as exc:
             _refused[0] = True
-            note("no_huge_pages", f"madvise(MADV_HUGEPAGE) of a {nbytes}-byte record file "
-                                  f"failed: {exc}")
+            note("no_huge_pages", f"madvise(MADV_HUGEPAGE) of record file {name} "
+                                  f"({nbytes} bytes) failed: {exc}")
+    if _populating[0]:
+        try:
+            region.madvise(_POPULATE_READ)
+        except OSError as exc:
+            _populating[0] = False
+            note("no_populate", f"madvise(MADV_POPULATE_READ) of record file {name} failed: "
+                                f"{exc}")
     return region
-
-
-def _populate_read(region: mmap.mmap, name: str) -> None:
-    """Fault the whole of a mapped record file in at once (``MADV_POPULATE_READ``, Linux
-    5.14; as ``MAP_POPULATE`` would, but after the huge-page advice): the checksum reads every
-    page next. Refused (an older kernel): the counted fallback ``"no_populate"``, once per
-    process; the checksum's reads fault the pages in."""
-    if not _populating[0]:
-        return
-    try:
-        region.madvise(_POPULATE_READ)
-    except OSError as exc:
-        _populating[0] = False
-        note("no_populate", f"madvise(MADV_POPULATE_READ) of record file {name} failed: {exc}")
 
 
 class TileClaims:

@@ -28,6 +28,7 @@ import numpy as np
 
 from stoker.loader.jit import aot, warmup
 from stoker.loader.jit.kernel import compiled
+from stoker.loader.jit.search import distinct
 from stoker.loader.order import feistel as _k
 from stoker.loader.order.options import (ORDER_ALGORITHM, OrderError, OrderOptions, check_int,
                                          check_rank, check_rows, check_window)
@@ -116,7 +117,7 @@ class EpochOrder:
         shard_pos = (np.cumsum(self._rows[perm]) - self._rows[perm]).astype(np.int64)
         P, q, rem, N = self.options.partitions, self._q, self._rem, self.num_samples
         pstarts = np.arange(P, dtype=np.int64) * q + np.minimum(np.arange(P), rem)
-        cuts = _sorted_unique(np.concatenate([shard_pos, pstarts[pstarts < N]]))
+        cuts = distinct(np.concatenate([shard_pos, pstarts[pstarts < N]]))
         j = np.searchsorted(shard_pos, cuts, side="right") - 1
         shard = perm[j].astype(np.int64)
         gid = (self._cumsum[shard] - self._rows[shard]) + (cuts - shard_pos[j])
@@ -325,12 +326,3 @@ class EpochOrder:
         keep = (self._rows[shards] > 0) & (first < s1)
         return shards[keep], first[keep], last[keep]
 
-
-def _sorted_unique(values: np.ndarray) -> np.ndarray:
-    """``np.union1d``'s result (sorted distinct int64 values) without its ``np.unique``,
-    whose first call imports ``numpy.ma``: ~10-18 ms of a fresh process's first
-    shuffled batch."""
-    values = np.sort(values.astype(np.int64))
-    if not len(values):
-        return values
-    return values[np.concatenate(([True], values[1:] != values[:-1]))]

@@ -34,6 +34,7 @@ from stoker.loader.fastpath.ring import BufferRing
 from stoker.loader.fastpath.shard_records import ShardRecords
 from stoker.loader.fastpath import warm
 from stoker.loader.jit import aot, warmup
+from stoker.loader.jit.search import distinct
 from stoker.loader.order.options import OrderOptions
 from stoker.loader.read.arrow_batch import arrow_batch
 from stoker.loader.read.columns import check_categoricals, check_column_names, check_image_column
@@ -730,11 +731,8 @@ class ArrowSource:
             "open_ahead_failed", f"{type(exc).__name__}: {exc}"))
 
     def _shards_of(self, ids: np.ndarray) -> list[int]:
-        """The distinct shards global ``ids`` fall in, ascending. (Not ``np.unique``: its
-        first call imports ``numpy.ma``, ~10-18 ms of a process's first batch.)"""
-        shards = np.sort(np.searchsorted(self._starts, ids, side="right") - 1)
-        return shards[np.concatenate(([True], shards[1:] != shards[:-1]))].tolist() \
-            if len(shards) else []
+        """The distinct shards global ``ids`` fall in, ascending."""
+        return distinct(np.searchsorted(self._starts, ids, side="right") - 1).tolist()
 
     def _open_shards_of(self, ids: np.ndarray) -> bool:
         """Open the shards of ``ids`` that are not open; whether there were any."""

@@ -160,15 +160,15 @@ class _Proc:
         result_w.close()
 
     def ask_to_stop(self) -> None:
-        """Tell the worker to exit once its current task is done (:meth:`stop` waits)."""
+        """Tell the worker to exit once its current task is done (then :meth:`stop`)."""
         try:
             self.tasks.send_bytes(dumps(None))
         except (OSError, ValueError):
             pass
 
-    def stop(self, wait: float, asked: bool = False) -> None:
-        if not asked:
-            self.ask_to_stop()
+    def stop(self, wait: float) -> None:
+        """Wait up to ``wait`` s for the worker to exit (asked to, or dead), then end it;
+        close its pipes and rings."""
         p = self.process
         p.join(timeout=wait)
         if p.is_alive():
@@ -405,7 +405,7 @@ class ProcessPool(WorkerPool):
         for w in self._workers:  # all told first: they exit (unmap, tear down) together
             w.ask_to_stop()
         for w in self._workers:
-            w.stop(wait=2, asked=True)
+            w.stop(wait=2)
 
 
 def _remove_shm_of(pid: int | None) -> None:

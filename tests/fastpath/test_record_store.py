@@ -483,7 +483,7 @@ def test_refused_huge_pages_are_a_counted_fallback_with_the_same_bytes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A kernel that refuses the huge-page advice (here: advice it does not know, so the
     kernel itself says EINVAL) costs speed, never bytes: the records are served, the refusal
-    is the counted ``"no_huge_pages"`` fallback naming the file's size, asked once per
+    is the counted ``"no_huge_pages"`` fallback naming the file and its size, asked once per
     process."""
     from stoker.loader.fastpath import record_store
 
@@ -498,4 +498,4 @@ def test_refused_huge_pages_are_a_counted_fallback_with_the_same_bytes(
     assert a is not None and np.array_equal(a, want)
     assert b is not None and np.array_equal(b, want[::-1])
     count, detail = noted["no_huge_pages"]
-    assert count == 1 and "4112-byte record file" in detail and "hg" not in _vm_flags(a)
+    assert count == 1 and "a.rec (4112 bytes)" in detail and "hg" not in _vm_flags(a)
