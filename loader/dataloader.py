@@ -45,6 +45,7 @@ from stoker.loader.sources import SourceSetup, is_stoker_dataset, open_source
 from stoker.loader.order.mixture_order import source_order
 from stoker.loader.order.working_set import WorkingSet
 from stoker.loader.order.schedule import batch_ids
+from stoker.loader.order.windows import ChunkThread
 from stoker.loader.state import Cursor, LoaderState
 from stoker.loader.stats import LoaderStats
 from stoker.loader.transfer import Transfer
@@ -204,6 +205,7 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         self._loaded: LoaderState | None = None  # a loaded state not yet iterated from
         self._configure(resolve_world(rank, world_size))
         self._pool: WorkerPool | None = None
+        self._order_thread = ChunkThread()  # a shuffled order's next chunks (order.windows)
         self._active: EpochIterator | None = None
         self._transfer = Transfer(pin_memory=pin_memory or bool(pin_memory_device),
                                   device=device or (pin_memory_device or None),
@@ -285,7 +287,7 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
             order = source_order(self._source, self.seed, cursor.epoch, self.order_options)
             plan = self._plan
             steps = range(cursor.step, plan.steps_per_epoch)
-            where = dict(ids=batch_ids(order, plan))
+            where = dict(ids=batch_ids(order, plan, self._order_thread.ahead))
             if self._cache is not None:
                 where.update(cache_events=self._cache_events, cache_clock=cache_clock(
                     self._cache, order, plan, cursor.step, rank, self.world_size))
@@ -389,6 +391,7 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+        self._order_thread.close()
         if self._ledger is not None:
             self._ledger.close()
             self._ledger = None

@@ -33,7 +33,7 @@ from stoker.loader.order import feistel as _k
 from stoker.loader.order.options import (ORDER_ALGORITHM, OrderError, OrderOptions, check_int,
                                          check_rank, check_rows, check_window)
 from stoker.loader.order.seed import derive_seed
-from stoker.loader.order.windows import Windows
+from stoker.loader.order.windows import Ahead, Windows
 
 # ORDER_ALGORITHM, OrderError, OrderOptions and derive_seed live in their own modules; they are
 # re-exported here, where callers have always imported them from
@@ -197,14 +197,16 @@ class EpochOrder:
         first = start + (rank - start) % world_size
         return self._range(first, stop, world_size)
 
-    def windows(self) -> "EpochOrder | Windows":
+    def windows(self, ahead: Ahead | None = None) -> "EpochOrder | Windows":
         """What the loader reads consecutive batch windows from: an object with
         :meth:`rank_ids`. Shuffled, :class:`~stoker.loader.order.windows.Windows` computing
         chunks of positions at once (a batch alone pays the kernel's per-call setup of
-        every partition's block for few ids); in natural order, this order itself."""
+        every partition's block for few ids), the next ones by ``ahead`` when given
+        (:meth:`~stoker.loader.order.windows.ChunkThread.ahead`); in natural order, this
+        order itself."""
         if not self.options.shuffle:
             return self
-        return Windows(self._range, self.num_samples)
+        return Windows(self._range, self.num_samples, ahead=ahead)
 
     def shard_sequence(self, start: int, stop: int, rank: int = 0,
                        world_size: int = 1) -> np.ndarray:

@@ -17,19 +17,17 @@ loader, its samplers and the audit use (``num_samples``, ``ids``, ``ids_at``, ``
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, Sequence
 
 import numpy as np
 
-from stoker.loader.jit import executors, fork_gate
 from stoker.loader.order.epoch import EpochOrder, OrderError, OrderOptions
 from stoker.loader.order.mixture_kernel import pick_spans, place
 from stoker.loader.order.options import check_window
-from stoker.loader.order.windows import Windows
+from stoker.loader.order.windows import Ahead, ChunkThread, Windows
 
 __all__ = ["MIXTURE_ORDER", "MixtureOrder", "PassOrders", "source_options", "source_order"]
 
@@ -74,19 +72,18 @@ class PassOrders:
         self._keep = keep
         self._cache: OrderedDict[tuple[int, int], EpochOrder] = OrderedDict()
         self._lock = threading.Lock()
-        self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid that started it, pool)
-        self._closed = False
+        self._thread = ChunkThread()
         # (epoch, rank, world size, hi, future): the next loader epoch's first chunk, asked
         # when the current epoch's chunks reached its end (MixtureOrder._next_epoch)
         self._upcoming: tuple[int, int, int, int, Future[np.ndarray]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items()
-                if k not in ("_cache", "_lock", "_pool", "_upcoming")}
+                if k not in ("_cache", "_lock", "_upcoming")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._cache, self._lock, self._pool = OrderedDict(), threading.Lock(), None
+        self._cache, self._lock = OrderedDict(), threading.Lock()
         self._upcoming = None
 
     def ask_upcoming(self, epoch: int, rank: int, world_size: int, hi: int,
@@ -107,30 +104,12 @@ class PassOrders:
         return up[1:] if up is not None and up[0] == epoch else None
 
     def ahead(self, fn: Any, *args: Any) -> Future[Any] | None:
-        """``fn(*args)`` on the background thread, as a unit a fork waits for (it takes
-        :meth:`get`'s lock and runs kernels); ``None`` once closed (the caller computes it
-        when it needs it). A forked child starts its own thread: it has none of its
-        parent's."""
-        def unit() -> Any:
-            with fork_gate.unit():
-                return fn(*args)
-
-        with self._lock:
-            if self._closed:
-                return None
-            if self._pool is None or self._pool[0] != os.getpid():
-                self._pool = (os.getpid(),
-                              ThreadPoolExecutor(1, thread_name_prefix="stoker-order"))
-            return self._pool[1].submit(unit)
+        """``fn(*args)`` on the background thread (:meth:`ChunkThread.ahead`)."""
+        return self._thread.ahead(fn, *args)
 
     def close(self) -> None:
-        """Stop the background thread once the chunks asked of it are computed (~1 ms each:
-        an order still holding their futures gets its ids, never a cancellation); later
-        chunks are computed inline. Idempotent."""
-        with self._lock:
-            pool, self._pool, self._closed = self._pool, None, True
-        if pool is not None:
-            executors.stop(pool[1], cancel_futures=False)
+        """Stop the background thread (:meth:`ChunkThread.close`). Idempotent."""
+        self._thread.close()
 
     def get(self, source: int, pass_: int) -> EpochOrder:
         key = (source, pass_)
@@ -225,8 +204,9 @@ class MixtureOrder:
         """
         return self._windows.rank_ids(start, stop, rank, world_size)
 
-    def windows(self) -> Windows:
-        """What the loader reads consecutive batch windows from (:meth:`rank_ids`)."""
+    def windows(self, ahead: Ahead | None = None) -> Windows:
+        """What the loader reads consecutive batch windows from (:meth:`rank_ids`); its
+        chunks ahead come from its passes' thread (:class:`PassOrders`), not ``ahead``."""
         return self._windows
 
     @property

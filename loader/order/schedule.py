@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 
 from stoker.loader.order.epoch import EpochOrder
+from stoker.loader.order.windows import Ahead
 
 __all__ = ["BatchPlan", "batch_ids", "rank_batch_ids"]
 
@@ -77,11 +78,12 @@ def rank_batch_ids(order: EpochOrder, plan: BatchPlan, step: int) -> np.ndarray:
     return order.rank_ids(start, stop, plan.rank, plan.world_size)
 
 
-def batch_ids(order: EpochOrder, plan: BatchPlan) -> Callable[[int], np.ndarray]:
+def batch_ids(order: EpochOrder, plan: BatchPlan,
+              ahead: Ahead | None = None) -> Callable[[int], np.ndarray]:
     """``step -> rank_batch_ids(order, plan, step)`` for a loader's pass, which asks for
     consecutive steps: the ids come from the order's :meth:`~EpochOrder.windows` (chunks of
-    positions computed at once)."""
-    windows = order.windows()
+    positions computed at once; the next ones by ``ahead``, when given)."""
+    windows = order.windows(ahead)
 
     def ids(step: int) -> np.ndarray:
         start, stop = plan.window(step)

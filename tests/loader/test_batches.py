@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pyarrow as pa
 import pytest
 import torch
 
 from stoker.loader import DataLoader, ReadOptions, ShuffleOptions
+from stoker.loader.order.mixture_order import source_order
+from stoker.loader.order.schedule import rank_batch_ids
 from stoker.manifest import Manifest, ManifestError
 
 
@@ -89,3 +93,26 @@ def test_temporal_columns_become_their_raw_int64_values() -> None:
     assert batch["d"].tolist() == [18263, 0] and batch["d"].dtype == torch.int64
     assert batch["ts"].tolist() == [1, 2] and batch["t"].tolist() == [3, 0]
     assert stack_features(table, ["d", "ts", "t"]).tolist() == [[18263.0, 1.0, 3.0], [0.0, 2.0, 0.0]]
+
+
+def test_a_shuffled_epoch_s_ids_come_from_chunks_computed_ahead_and_equal_the_order(
+        tmp_path) -> None:
+    """Past its first chunk, a shuffled epoch's ids are computed on the loader's order thread
+    (``stoker-order``): the batches hold exactly ``rank_batch_ids``'s ids, whether the chunk
+    came from the thread or, after ``close``, inline; the thread stops with the loader."""
+    from loader_helpers import make_dataset
+
+    make_dataset(tmp_path, [9000, 7000, 11000])  # 27,000 rows: two chunks of 16,384
+    dl = DataLoader(str(tmp_path), batch_size=1000, shuffle=True, seed=5, columns=["id"])
+    order = source_order(dl._source, 5, 0, dl.order_options)
+    want = [rank_batch_ids(order, dl._plan, s).tolist() for s in range(len(dl))]
+    assert [b["id"].tolist() for b in dl] == want
+    assert dl._order_thread._pool is not None
+    assert any(t.name.startswith("stoker-order") for t in threading.enumerate())
+    dl.close()
+    assert dl._order_thread._pool is None
+    dl.set_epoch(0)
+    got = [b["id"].tolist() for b in dl]  # inline now
+    assert got == want
+    got[17][3] += 1
+    assert got != want  # the comparison can fail

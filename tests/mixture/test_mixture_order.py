@@ -118,12 +118,12 @@ def test_the_order_thread_stops_with_its_loader_and_runs_inline_after(sources) -
     passes.ahead(gate.wait)  # keeps the thread busy: the chunks below wait in its queue
     order = MixtureOrder(mix, passes, 0, chunk=8)
     assert order.rank_ids(0, 16, 0, 1).tolist() == want[:16]
-    assert passes._pool is not None  # chunks [16, 32) and [32, 48) are queued on the thread
+    assert passes._thread._pool is not None  # chunks [16, 32) and [32, 48) are queued on the thread
     assert any(t.name.startswith("stoker-order") for t in threading.enumerate())
     dl.close()
-    assert passes._pool is None
+    assert passes._thread._pool is None
     gate.set()
     assert order.rank_ids(16, 32, 0, 1).tolist() == want[16:32]  # queued before close
     assert order.chunks_ahead == 1
     assert order.rank_ids(32, 80, 0, 1).tolist() == want[32:80]  # inline now, same ids
-    assert passes._pool is None
+    assert passes._thread._pool is None
