@@ -170,11 +170,22 @@ class Windows:
             self._ahead.clear()
             return None
         if ahead[0] <= first:
-            ids = ahead[4].result()
+            ids = self._result(ahead)
         elif kept is not None and kept[1:3] == (rank, world_size) and kept[0] <= first:
-            ids = np.concatenate([kept[4][(first - kept[0]) // world_size:], ahead[4].result()])
+            ids = np.concatenate([kept[4][(first - kept[0]) // world_size:], self._result(ahead)])
         else:
             self._ahead.clear()
             return None
         self.chunks_ahead += 1
         return min(first, ahead[0]), rank, world_size, ahead[3], ids
+
+    def _result(self, ahead: tuple[int, int, int, int, Future[np.ndarray]]) -> np.ndarray:
+        """The ids of a chunk asked ahead; computed here instead when it is not done and
+        this thread may not wait for it: inside a fork's quiet block or a unit
+        (stoker.loader.jit.fork_gate), the background unit computing it may be the one
+        waiting for that fork (a loader forking process workers computes their first tasks'
+        ids in its quiet block)."""
+        lo, _, world_size, hi, future = ahead
+        if future.done() or not fork_gate.exempt():
+            return future.result()
+        return self._compute(lo, hi, world_size)

@@ -246,3 +246,28 @@ def test_process_workers_lend_batches_and_copy_those_held_past_their_leases(
     dl.close()
     assert 0 < copied <= len(held) - 2 * LEASES  # each ring lent its slots before it copied
     assert got == want[:len(want) - len(held)] + want[len(want) - len(held) + 3:]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_first_tasks_across_order_chunks_are_handed_out_without_a_deadlock(
+        tmp_path: Path, mode: str) -> None:
+    """Process workers' first tasks are computed while the fork gate is held (their shards
+    open before the fork): ids past the first order chunk must not wait for the order
+    thread, whose unit waits for that fork (it hung before the order's chunks were computed
+    ahead inline there). 2 workers x 2 prefetch x groups of 8 batches of 1,000 ids cross
+    the 16,384-position chunk; every batch holds the order's ids."""
+    from loader_helpers import make_dataset
+
+    from stoker.loader.order.mixture_order import source_order
+    from stoker.loader.order.schedule import rank_batch_ids
+
+    make_dataset(tmp_path, [9000, 7000, 11000])
+    dl = DataLoader(str(tmp_path), batch_size=1000, shuffle=True, seed=2, columns=["id"],
+                    num_workers=2, workers=WorkerOptions(mode=mode))
+    order = source_order(dl._source, 2, 0, dl.order_options)
+    want = [rank_batch_ids(order, dl._plan, s).tolist() for s in range(len(dl))]
+    try:
+        assert [b["id"].tolist() for b in dl] == want
+    finally:
+        dl.close()
