@@ -214,9 +214,11 @@ class Tiles:
     node's first run a natural-order batch otherwise gathers its rows from the columns while
     the builder copies the same rows into records: the same columns read twice, on a
     machine whose two cores are then both busy. Each tile's pages are faulted in by the
-    thread that builds it (:func:`~stoker.loader.fastpath.ring.populate`): on a VM that
-    hands idle memory back to its host, faulting is most of a build's cost (bench/RESULTS.md
-    "Fresh memory").
+    thread that builds it, in one call (:func:`~stoker.loader.fastpath.ring.populate`): on a
+    VM that hands idle memory back to its host, faulting is most of a build's cost
+    (bench/RESULTS.md "Fresh memory"). A file's map built in place too (for process
+    workers): written page by page, its write faults were 57 % of a node's first natural
+    run's page faults with 2 process workers (2 M W1 rows, ``perf record -e page-faults``).
 
     Args:
         layout: the records' layout.
@@ -243,7 +245,7 @@ class Tiles:
         self.records = _allocate(self.rows, layout.stride, np.dtype(np.uint8),
                                  faulted=False) if out is None \
             else out.reshape(self.rows, layout.stride)
-        self._populate = out is None and self.records.nbytes > 0
+        self._populate = self.records.nbytes > 0
         self._fields = [f for f in layout.fields if f.name not in self.skip]
         self._data = data
         self._claims = claims

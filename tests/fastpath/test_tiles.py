@@ -167,3 +167,40 @@ def test_a_batch_whose_tiles_cannot_be_built_reads_the_columns(
     assert [_bytes(b) for b in dl] == want
     assert dl._source.rows_from_tiles == 0
     assert dl.stats.fallbacks.get("row_major_failed", 0) > 0
+
+
+def test_a_build_into_a_file_s_map_faults_each_tile_in_at_once(
+        dataset: Manifest, small_tiles: Counter[int], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """Records built in place into a file's shared map (what process workers read) have
+    each tile's pages faulted in by one populate call before it is written, as anonymous
+    records do (page by page, those write faults were most of a first run's), and hold
+    the bytes of one whole build."""
+    import mmap
+
+    from stoker.loader.fastpath import ring
+
+    data, layout = _shard(dataset, 0)
+    want = _whole(data, layout)
+    rows = int(data.starts[-1])
+    path = tmp_path / "records.rec"
+    path.write_bytes(b"\0" * (rows * layout.stride))
+    populated: list[tuple[int, int]] = []
+    real = ring.populate
+
+    def populate(arr: np.ndarray) -> bool:
+        populated.append((arr.ctypes.data, arr.nbytes))
+        return real(arr)
+
+    monkeypatch.setattr(rowmajor, "populate", populate)
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
+        out = np.frombuffer(mm, dtype=np.uint8)
+        try:
+            assert rowmajor.build(layout, data, out=out).tobytes() == want.tobytes()
+            base = out.ctypes.data
+            tiles = sorted((a - base, n) for a, n in populated)
+        finally:
+            del out
+    assert tiles == [(lo * layout.stride, (min(rows, lo + TILE) - lo) * layout.stride)
+                     for lo in range(0, rows, TILE)]
+    assert path.read_bytes() == want.tobytes()
