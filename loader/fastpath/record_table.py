@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -148,22 +147,21 @@ class RecordTable:
         oldest = min(self._readers, default=self._generation + 1)
         self._retired = [(g, r) for g, r in self._retired if g > oldest]
 
-    @contextmanager
-    def _reading(self) -> Iterator[tuple[tuple[tuple[Field, ...], np.ndarray, np.ndarray], int]]:
+    def _enter(self) -> tuple[int, tuple[tuple[Field, ...], np.ndarray, np.ndarray], int]:
+        """Start a read: ``(generation, serving, stamp)``; records retired from now on stay
+        mapped until :meth:`_leave` (a context manager cost ~4 us of a ~250 us batch)."""
         with self._lock:
             generation = self._generation
             self._readers[generation] += 1
             self._stamp += 1
-            stamp = self._stamp
-            serving = self._serving
-        try:
-            yield serving, stamp
-        finally:
-            with self._lock:
-                self._readers[generation] -= 1
-                if not self._readers[generation]:
-                    del self._readers[generation]
-                self._collect_locked()
+            return generation, self._serving, self._stamp
+
+    def _leave(self, generation: int) -> None:
+        with self._lock:
+            self._readers[generation] -= 1
+            if not self._readers[generation]:
+                del self._readers[generation]
+            self._collect_locked()
 
     def gather(self, ids: np.ndarray, starts: np.ndarray, slot: Slot, kernel: bool = False,
                numpy: bool = False, jit: bool = False
@@ -181,11 +179,15 @@ class RecordTable:
         shards read.
         """
         n = len(ids)
-        with self._reading() as ((fields, offsets, sizes), stamp):
+        generation, (fields, offsets, sizes), stamp = self._enter()
+        try:
             if not fields:
                 return {}, np.arange(n, dtype=np.int64), np.empty(0, dtype=np.int64)
-            arrays = {f.name: slot.array(f.name, (n, f.width), f.dtype) for f in fields}
-            outs = [arrays[f.name].view(np.uint8) for f in fields]
+            arrays = {}
+            outs = []
+            for f in fields:
+                out = arrays[f.name] = slot.array(f.name, (n, f.width), f.dtype)
+                outs.append(out.view(np.uint8))
             loaded = compiled(_gather)
             gather = None if jit or loaded else aot.function("record_gather")
             if gather is None and (numpy or (not kernel and warmup.first_call("gather")
@@ -194,7 +196,7 @@ class RecordTable:
                 return arrays, missing_, touched_
             missing = np.empty(n, dtype=np.int64)
             touched = np.empty(n, dtype=np.int64)
-            out_addrs = np.array([o.__array_interface__["data"][0] for o in outs], dtype=np.int64)
+            out_addrs = np.array([o.ctypes.data for o in outs], dtype=np.int64)
             out_strides = np.array([o.strides[0] for o in outs], dtype=np.int64)
             if self._bucket[0] is not starts:  # the source's shard starts: one per source
                 self._bucket = (starts, *bucket_index(starts))
@@ -202,6 +204,8 @@ class RecordTable:
             m, t = (gather or _gather)(ids, starts, shift, bucket, self.addrs, self.layout.stride,
                                        offsets, sizes, out_addrs, out_strides, missing,
                                        self._marks, stamp, touched)
+        finally:
+            self._leave(generation)
         return arrays, missing[:m], touched[:t]
 
     def _gather_numpy(self, ids: np.ndarray, starts: np.ndarray, fields: Sequence[Field],
