@@ -80,8 +80,9 @@ _populating: list[bool] = [True]  # until the kernel refuses once
 
 def populate(arr: np.ndarray) -> bool:
     """Fault in the pages of the contiguous ``arr`` (in memory from :func:`fresh_pages`, not
-    yet ``faulted``, or a file's shared map about to be written) in one call that gives the GIL up, as ``MAP_POPULATE`` does for a whole
-    map: a records build of one range at a time pays for its own pages on its own thread.
+    yet ``faulted``, or a file's shared map about to be written) in one call that gives the
+    GIL up, as ``MAP_POPULATE`` does for a whole map: a records build of one range at a time
+    pays for its own pages on its own thread.
     Whether the kernel did; a kernel without it (before Linux 5.14) is the counted fallback
     ``"no_populate"``, once per process: the pages then fault in as they are written."""
     fn = libc_fn("madvise", ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)

@@ -37,9 +37,10 @@ class ChunkThread:
     that computes an order's next chunks while the loader reads the kept one: the ``ahead``
     of :class:`Windows`. A shuffled W1 epoch without workers spent ~15 % of its batches'
     time in the order kernel (2 M rows, records on disk, py-spy), on the one core of the two
-    that the loop uses; the kernels give the GIL up. A forked child starts its own thread (it
-    has none of its parent's); a pickled one arrives without its thread, closed or not as it
-    was."""
+    that the loop uses; the kernels give the GIL up (later epochs 1.09-1.16x faster with the
+    thread, bench/RESULTS.md "Workers (2,000,000 W1 rows)", session 34). A forked child
+    starts its own thread (it has none of its parent's); a pickled one arrives without its
+    thread, closed or not as it was."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
