@@ -254,9 +254,9 @@ def test_first_tasks_across_order_chunks_are_handed_out_without_a_deadlock(
         tmp_path: Path, mode: str) -> None:
     """Process workers' first tasks are computed while the fork gate is held (their shards
     open before the fork): ids past the first order chunk must not wait for the order
-    thread, whose unit waits for that fork (it hung before the order's chunks were computed
-    ahead inline there). 2 workers x 2 prefetch x groups of 8 batches of 1,000 ids cross
-    the 16,384-position chunk; every batch holds the order's ids."""
+    thread, whose unit waits for that fork (it hung until a chunk not ready there was
+    computed inline). 2 workers x 2 prefetch x groups of 8 batches of 1,000 ids cross the
+    16,384-position chunk; every batch holds the order's ids."""
     from loader_helpers import make_dataset
 
     from stoker.loader.order.mixture_order import source_order
