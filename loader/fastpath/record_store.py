@@ -75,8 +75,8 @@ _CLAIMS_HEADER = 4096
 _DONE = 1
 _HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)  # Linux only
 _POPULATE_READ = 22  # MADV_POPULATE_READ (Linux 5.14)
-_refused = [False]  # the kernel refused MADV_HUGEPAGE once: no more asking
-_populating = [True]  # until the kernel refuses MADV_POPULATE_READ once
+# each advice is asked until the kernel refuses it once in this process
+_asking = {"huge": [True], "populate": [True]}
 
 
 def default_dir(cache_dir: str | None = None) -> str | None:
@@ -342,21 +342,25 @@ def _map_records(fd: int, nbytes: int, name: str) -> mmap.mmap:
     ``"no_populate"``, each asked until refused once per process: the same bytes, in small
     pages or faulted in by the checksum."""
     region = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-    if _HUGEPAGE is not None and not _refused[0]:
-        try:
-            region.madvise(_HUGEPAGE)
-        except OSError as exc:
-            _refused[0] = True
-            note("no_huge_pages", f"madvise(MADV_HUGEPAGE) of record file {name} "
-                                  f"({nbytes} bytes) failed: {exc}")
-    if _populating[0]:
-        try:
-            region.madvise(_POPULATE_READ)
-        except OSError as exc:
-            _populating[0] = False
-            note("no_populate", f"madvise(MADV_POPULATE_READ) of record file {name} failed: "
-                                f"{exc}")
+    what = f"record file {name} ({nbytes} bytes)"
+    if _HUGEPAGE is not None:
+        _advise(region, _HUGEPAGE, "huge", "no_huge_pages", f"madvise(MADV_HUGEPAGE) of {what}")
+    _advise(region, _POPULATE_READ, "populate", "no_populate",
+            f"madvise(MADV_POPULATE_READ) of {what}")
     return region
+
+
+def _advise(region: mmap.mmap, advice: int, kind: str, fallback: str, what: str) -> None:
+    """``region.madvise(advice)`` until the kernel refuses ``kind`` once in this process:
+    then the counted fallback ``fallback``, and no more asking."""
+    asking = _asking[kind]
+    if not asking[0]:
+        return
+    try:
+        region.madvise(advice)
+    except OSError as exc:
+        asking[0] = False
+        note(fallback, f"{what} failed: {exc}")
 
 
 class TileClaims:

@@ -245,7 +245,6 @@ class Tiles:
         self.records = _allocate(self.rows, layout.stride, np.dtype(np.uint8),
                                  faulted=False) if out is None \
             else out.reshape(self.rows, layout.stride)
-        self._populate = self.records.nbytes > 0
         self._fields = [f for f in layout.fields if f.name not in self.skip]
         self._data = data
         self._claims = claims
@@ -302,8 +301,7 @@ class Tiles:
                 made = True  # another process built it
             else:
                 try:
-                    if self._populate:
-                        populate(self.records[lo:hi])
+                    populate(self.records[lo:hi])
                     copy_runs(self.records, self._fields, self._data, np.array([lo]),
                               np.array([hi]), np.array([lo]))
                     made = True
