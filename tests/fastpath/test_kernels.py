@@ -202,6 +202,35 @@ def test_runs_of_rows_match_the_reference(seed: int, n_shards: int, nulls: float
     _check(got, _reference(whole.take(pa.array(ids)), plan))
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), width=st.integers(1, 70),
+       kind=st.sampled_from(["float32", "int64", "uint8"]),
+       sizes=st.lists(st.sampled_from([1, 63, 64, 65, 129, 192, 193, 300, 1024]), min_size=1,
+                      max_size=3),
+       runs=st.lists(st.tuples(st.integers(0, 10**6), st.integers(16, 700)), min_size=1,
+                     max_size=3))
+def test_runs_of_one_typed_matrix_match_the_reference(seed: int, width: int, kind: str,
+                                                       sizes: list[int],
+                                                       runs: list[tuple[int, int]]) -> None:
+    """A matrix of columns all of one type without nulls (W1's features) is copied in blocks
+    of rows with the next rows prefetched (kernels._rows_across): runs that start, end and
+    cross block, prefetch and record batch boundaries write what the reference writes."""
+    rng = np.random.default_rng(seed)
+    batches = _shard([getattr(pa, kind)()] * width + [pa.int64()], sizes, rng, 0, 0)
+    names = batches[0].schema.names
+    plan = FastPlan(batches[0].schema, names, names[:width], [])
+    data = ShardData(batches, None, plan.kernel_columns)
+    total = sum(sizes)
+    parts = [np.arange(lo % total, min(lo % total + n, total)) for lo, n in runs]
+    ids = np.concatenate(parts).astype(np.int64)
+    starts = np.array([0, total], dtype=np.int64)
+    ring = BufferRing(2)
+    slot = ring.acquire()
+    got = plan.run(plan.groups(ids, starts, [data].__getitem__), len(ids), slot, lambda c: {})
+    ring.release(slot)
+    _check(got, _reference(pa.Table.from_batches(batches).take(pa.array(ids)), plan))
+
+
 def test_gather_fixed_copies_runs_and_gathers_scattered_rows_alike() -> None:
     """The two ways gather_fixed writes (runs of >= 16 rows on average: tiles; else a
     column at a time) write the same bytes as the NumPy twin, with nulls; a perturbed
