@@ -216,8 +216,8 @@ def _rows_across(src, shift, meta, c, lo, n, r0, out):  # type: ignore[no-untype
     is read in order. Not a row at a time across every column: a record batch's columns lie
     a multiple of 4 KB apart whenever its rows fill whole pages (W1: 1,024 rows a batch, 4 KB
     per float32 column), so that loop's 64 reads of a row map to one L1 set, which holds 8-12
-    lines (W1's features, one shard: 118 against 51 ms, bench/RESULTS.md "Building records
-    from the columns"). Without the prefetch: 56 ms."""
+    lines (W1's features, one shard, JIT: 118 against 43-64 ms, bench/RESULTS.md "Building
+    records from the columns"). Without the prefetch: 56-58 ms."""
     k = meta.shape[1]
     base = np.empty(k, dtype=np.int64)
     for j in range(k):
@@ -237,7 +237,7 @@ def _rows_across(src, shift, meta, c, lo, n, r0, out):  # type: ignore[no-untype
                 out[r0 + t + i, j] = src[b + i]
 
 
-_ACROSS = 64  # rows of _rows_across's block (32: 81 ms, 128: 48-109 ms for W1's features)
+_ACROSS = 64  # rows a block of _rows_across (W1 features, JIT: 43-64 ms; 32 rows: 81, 256: 55)
 _AHEAD = 128  # rows ahead of the block that it prefetches
 
 
@@ -268,7 +268,7 @@ def _copy_rows(views, meta, c, lo, n, r0, block, out):  # type: ignore[no-untype
     """Rows ``lo:lo + n`` of record batch ``c`` -> ``out[r0:r0 + n, :]``, ``block`` rows
     at a time over every column (the tile of ``out`` stays in cache while each column is
     read sequentially); in blocks that fit L1, prefetched, when they are all of one type
-    without nulls (:func:`_rows_across`: 2.3x faster for W1's 64 float32 features,
+    without nulls (:func:`_rows_across`: 2.3x a row at a time for W1's 64 float32 features,
     bench/RESULTS.md "Building records from the columns")."""
     u8, i8, i16, i32, i64, u16, u32, u64, f32, f64 = views
     code = _uniform_code(meta, c)
