@@ -75,8 +75,7 @@ _CLAIMS_HEADER = 4096
 _DONE = 1
 _HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)  # Linux only
 _POPULATE_READ = 22  # MADV_POPULATE_READ (Linux 5.14)
-# each advice is asked until the kernel refuses it once in this process
-_asking = {"huge": [True], "populate": [True]}
+_refused: set[str] = set()  # fallbacks of advices the kernel refused once: asked no more
 
 
 def default_dir(cache_dir: str | None = None) -> str | None:
@@ -344,22 +343,20 @@ def _map_records(fd: int, nbytes: int, name: str) -> mmap.mmap:
     region = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
     what = f"record file {name} ({nbytes} bytes)"
     if _HUGEPAGE is not None:
-        _advise(region, _HUGEPAGE, "huge", "no_huge_pages", f"madvise(MADV_HUGEPAGE) of {what}")
-    _advise(region, _POPULATE_READ, "populate", "no_populate",
-            f"madvise(MADV_POPULATE_READ) of {what}")
+        _advise(region, _HUGEPAGE, "no_huge_pages", f"madvise(MADV_HUGEPAGE) of {what}")
+    _advise(region, _POPULATE_READ, "no_populate", f"madvise(MADV_POPULATE_READ) of {what}")
     return region
 
 
-def _advise(region: mmap.mmap, advice: int, kind: str, fallback: str, what: str) -> None:
-    """``region.madvise(advice)`` until the kernel refuses ``kind`` once in this process:
-    then the counted fallback ``fallback``, and no more asking."""
-    asking = _asking[kind]
-    if not asking[0]:
+def _advise(region: mmap.mmap, advice: int, fallback: str, what: str) -> None:
+    """``region.madvise(advice)`` until the kernel refuses it once in this process: then
+    the counted fallback ``fallback``, and no more asking."""
+    if fallback in _refused:
         return
     try:
         region.madvise(advice)
     except OSError as exc:
-        asking[0] = False
+        _refused.add(fallback)
         note(fallback, f"{what} failed: {exc}")
 
 

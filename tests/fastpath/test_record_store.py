@@ -488,7 +488,7 @@ def test_refused_huge_pages_are_a_counted_fallback_with_the_same_bytes(
     from stoker.loader.fastpath import record_store
 
     monkeypatch.setattr(record_store, "_HUGEPAGE", 9999)
-    monkeypatch.setitem(record_store._asking, "huge", [True])
+    monkeypatch.setattr(record_store, "_refused", set())
     store = RecordStore(str(tmp_path))
     want = np.arange(4096, dtype=np.uint8)
     assert store.save("a.rec", want) and store.save("b.rec", want[::-1].copy())
