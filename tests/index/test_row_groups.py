@@ -166,17 +166,17 @@ def test_a_round_decodes_every_group_it_reads_once_on_two_threads() -> None:
     groups = RowGroups(read, lambda f: np.full(4, ROWS), ["x"], lambda b: None, 1 << 30)
     first = np.array([1, ROWS + 2, 2 * ROWS + 3, 3 * ROWS + 4], dtype=np.int64)
     runs = groups.runs(0, first, first + 5, np.arange(4, dtype=np.int64) * 5)
+    def reached(key: tuple[int, int]) -> None:
+        for _ in range(500):
+            if key in threads:
+                return
+            threading.Event().wait(0.01)
+
     got = [next(runs)]  # group 0, read here; groups 1-3 are queued
-    for _ in range(500):  # the background thread takes group 1 (under load, not at once)
-        if (0, 1) in threads:
-            break
-        threading.Event().wait(0.01)
+    reached((0, 1))  # the background thread takes group 1 (under load, not at once)
     rest = threading.Thread(target=lambda: got.extend(runs))
     rest.start()
-    for _ in range(500):  # the round's thread decodes 2 and 3 while 1 is held
-        if (0, 3) in threads:
-            break
-        threading.Event().wait(0.01)
+    reached((0, 3))  # the round's thread decodes 2 and 3 while 1 is held
     held.set()
     rest.join(10)
     assert not rest.is_alive()
