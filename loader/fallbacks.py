@@ -75,6 +75,15 @@ REASONS = {
                      "MADV_HUGEPAGE: no transparent huge pages here): shuffled batches read its "
                      "records through 4 KB pages, the same bytes, slower the larger the file "
                      "(1.9x at 1.5 GB: stoker.loader.fastpath.record_store)",
+    "records_buffered": "the records directory's filesystem (some FUSE and network filesystems) "
+                        "or the platform refused direct I/O (O_DIRECT): a record file was "
+                        "written through the page cache, a copy into fresh page-cache pages "
+                        "while the first run's batches wait for the same cores "
+                        "(stoker.loader.fastpath.record_store.RecordStore.save)",
+    "records_not_warmed": "the idle-priority helper process that reads a record file written "
+                          "past the page cache into it could not start, or failed: the next "
+                          "process that maps the file reads it from the disk, the same bytes "
+                          "(stoker.loader.fastpath.record_store)",
     "no_io_priority": "a records builder thread could not put its disk reads in the idle I/O "
                       "class (ioprio_set refused): it reads at the loader's own priority "
                       "(stoker.loader.fastpath.shard_records.idle_io)",

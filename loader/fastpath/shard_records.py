@@ -490,14 +490,16 @@ class ShardRecords:
         process wrote first is checked against the shard before it replaces this process's
         own records (one that differs is deleted and these records are saved instead). The
         saving thread runs at a lower CPU priority (Linux): it must not slow the batches;
-        not when it saves for worker processes (:attr:`for_workers`), which wait for the
-        file (one 250 MB W1 shard's save, 2 process workers busy: 3.8 s niced, 1.2 s not)."""
+        and it writes past the page cache, which an idle helper process fills afterwards
+        (``RecordStore.save(direct=True)``). Neither when it saves for worker processes
+        (:attr:`for_workers`), which wait for the file and then read it at once (one 250 MB
+        W1 shard's save, 2 process workers busy: 3.8 s niced, 1.2 s not)."""
         if not self.for_workers:
             lower_priority()
         mapped = None
         try:
             for _ in range(2):  # once more after a foreign file that differed was deleted
-                wrote = store.save(name, records)
+                wrote = store.save(name, records, direct=not self.for_workers)
                 found = store.open(name, records.nbytes)
                 mapped = None if found is None else found.reshape(records.shape)
                 if mapped is None or wrote or self._matches(store, name, index, data, mapped,
