@@ -262,6 +262,20 @@ class Tiles:
                 self._cond.wait()
         return self.records
 
+    def help(self) -> bool:
+        """Build one tile nobody took yet (from the last one back) for the thread that builds
+        this shard (:meth:`build`); whether there was one."""
+        t = self._take_last()
+        if t is None:
+            return False
+        self._make(t)
+        return True
+
+    def untaken(self) -> int:
+        """Tiles no thread took yet."""
+        with self._cond:
+            return self._state.count(_FREE)
+
     def read(self, lo: int, hi: int) -> np.ndarray:
         """Records of shard rows ``lo:hi``: their tiles built now by this thread when no
         other thread has taken them, else waited for."""

@@ -182,8 +182,8 @@ class ShardRecords:
             if not self.for_workers and os.getpid() == self.owner_pid:
                 # built in this process's memory: its batches may build tiles from now on
                 self._tiles[index] = rowmajor.Tiles(layout, data, misfits)
-        build = builders.submit(warm.after_first_batch, _gated, self._get, index, data, misfits,
-                                name)
+        build = builders.submit(warm.after_first_batch, _gated, self._get_and_help, index,
+                                data, misfits, name)
         with self._lock:
             self._builds[build] = index
         build.add_done_callback(self._built)
@@ -315,6 +315,28 @@ class ShardRecords:
         return self.look()
 
     # -- getting records ----------------------------------------------------------------------
+    def _get_and_help(self, index: int, data: ShardData, misfits: list[str],
+                      name: str | None) -> None:
+        """:meth:`_get`, then :meth:`_help`."""
+        self._get(index, data, misfits, name)
+        self._help()
+
+    def _help(self) -> None:
+        """Build tiles of the shards other builder threads are building, the one with the
+        most tiles left first, while no build waits for a thread: a shuffled first run's
+        batches wait until every shard's records are built, and with one shard per thread a
+        builder that finished early would sit idle while the last shard is built by one
+        (2 M W1 rows, 2 builders: the last shard built 0.15 s after the other thread had
+        finished)."""
+        while True:
+            with self._lock:
+                if any(not b.running() and not b.done() for b in self._builds):
+                    return  # a build waits: it is this thread's next
+                busy = list(self._tiles.values())
+            tiles = max(busy, key=rowmajor.Tiles.untaken, default=None)
+            if tiles is None or not tiles.help():
+                return
+
     def _get(self, index: int, data: ShardData, misfits: list[str], name: str | None) -> bool:
         """Map or build shard ``index``'s records and serve them; whether they were mapped
         from the store (not built)."""

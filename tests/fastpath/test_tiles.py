@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections import Counter
+import time
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -204,3 +205,32 @@ def test_a_build_into_a_file_s_map_faults_each_tile_in_at_once(
     assert tiles == [(lo * layout.stride, (min(rows, lo + TILE) - lo) * layout.stride)
                      for lo in range(0, rows, TILE)]
     assert path.read_bytes() == want.tobytes()
+
+
+def test_a_builder_done_early_helps_build_the_shard_another_builder_builds(
+        dataset: Manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two builder threads, two shards of 11 and 6 tiles: the thread that finished the small
+    shard builds tiles of the large one too, each tile once, and the records are the bytes
+    of one whole build (a shuffled first run waits for the last shard's records)."""
+    wants = [_whole(*_shard(dataset, i)) for i in (0, 1)]
+    monkeypatch.setattr(rowmajor.Tiles, "TILE_ROWS", TILE)
+    builders: defaultdict[int, set[str]] = defaultdict(set)  # shard rows -> builder threads
+    tiles: Counter[tuple[int, int]] = Counter()  # (shard rows, tile's first row) -> builds
+    real = rowmajor.copy_runs
+
+    def slow(rec: np.ndarray, fields: Any, data: Any, first: np.ndarray, *rest: Any) -> None:
+        if rec.shape[0] in SIZES:  # a shard's records (not the kernels' warm-up)
+            time.sleep(0.02)
+            builders[rec.shape[0]].add(threading.current_thread().name)
+            tiles[rec.shape[0], int(first[0])] += 1
+        real(rec, fields, data, first, *rest)
+
+    monkeypatch.setattr(rowmajor, "copy_runs", slow)
+    source = ArrowSource(dataset, features=FEATS, categoricals=CATS, columns=COLUMNS,
+                         row_major="auto", row_major_dir=str(tmp_path))
+    source.fetch(np.random.default_rng(0).permutation(sum(SIZES)))  # shuffled: no tile read
+    source.wait_row_major()
+    assert len(builders[SIZES[0]]) == 2 and len(builders[SIZES[1]]) == 1
+    assert tiles == Counter((n, lo) for n in SIZES for lo in range(0, n, TILE))
+    for i, want in enumerate(wants):
+        assert source._records._records[i].tobytes() == want.tobytes()
