@@ -195,10 +195,11 @@ class RecordStore:
         With ``direct``, the bytes go to the disk past the page cache (``O_DIRECT``), then an
         idle-priority helper process reads the published file into the page cache
         (:func:`_warm`; this call waits for it, sleeping).
-        Written through the cache, every record is copied into a fresh page-cache page
-        while the epoch that built it runs: on the VM of bench/RESULTS.md ("Writing records
-        past the page cache") 0.6 s of CPU per 246 MB shard against 0.013 s direct, which
-        made a first natural-order run 25-33 % slower than one that saved nothing. A
+        Written through the cache, every record is copied into a page-cache page while the
+        epoch that built it runs, a page the guest may not have touched for seconds: on the
+        VM of bench/RESULTS.md ("Writing records past the page cache") 0.07-0.58 s of CPU per
+        235 MiB file against 0.02 s direct (and 0.013 s for the helper), which made a first
+        natural-order run 25-33 % slower than one that saved nothing. A
         filesystem that refuses ``O_DIRECT`` (some FUSE and network filesystems) is written
         through the cache: the counted ``"records_buffered"`` fallback.
 
