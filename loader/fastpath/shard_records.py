@@ -332,9 +332,17 @@ class ShardRecords:
             with self._lock:
                 if any(not b.running() and not b.done() for b in self._builds):
                     return  # a build waits: it is this thread's next
-                busy = list(self._tiles.values())
-            tiles = max(busy, key=rowmajor.Tiles.untaken, default=None)
-            if tiles is None or not tiles.help():
+                busy = list(self._tiles.items())
+            if not busy:
+                return
+            index, tiles = max(busy, key=lambda item: item[1].untaken())
+            try:
+                if not tiles.help():
+                    return
+            except (OSError, MemoryError) as exc:  # the tile was given back: the shard's
+                # own builder builds it, and says so if it fails too
+                logger.warning("a records builder stopped helping with shard %d: %s", index,
+                               exc)
                 return
 
     def _get(self, index: int, data: ShardData, misfits: list[str], name: str | None) -> bool:

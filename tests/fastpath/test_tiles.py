@@ -234,3 +234,39 @@ def test_a_builder_done_early_helps_build_the_shard_another_builder_builds(
     assert tiles == Counter((n, lo) for n in SIZES for lo in range(0, n, TILE))
     for i, want in enumerate(wants):
         assert source._records._records[i].tobytes() == want.tobytes()
+
+
+def test_a_helper_whose_tile_fails_stops_helping_and_the_shard_is_built_whole(
+        dataset: Manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A tile a helping builder cannot build goes back to the shard's own builder: the
+    records are the bytes of one whole build, and the helper's failure is logged naming the
+    shard."""
+    wants = [_whole(*_shard(dataset, i)) for i in (0, 1)]
+    monkeypatch.setattr(rowmajor.Tiles, "TILE_ROWS", TILE)
+    real_copy = rowmajor.copy_runs
+
+    def slow(rec: np.ndarray, *args: Any) -> None:
+        if rec.shape[0] in SIZES:
+            time.sleep(0.02)
+        real_copy(rec, *args)
+
+    def failing(self: rowmajor.Tiles) -> bool:
+        t = self._take_last()
+        if t is None:
+            return False
+        with self._cond:  # given back untouched, as _make gives back a tile it fails
+            self._state[t] = rowmajor._FREE
+            self._cond.notify_all()
+        raise MemoryError("no memory for a helper's tile")
+
+    monkeypatch.setattr(rowmajor, "copy_runs", slow)
+    monkeypatch.setattr(rowmajor.Tiles, "help", failing)
+    source = ArrowSource(dataset, features=FEATS, categoricals=CATS, columns=COLUMNS,
+                         row_major="auto", row_major_dir=str(tmp_path))
+    with caplog.at_level("WARNING", logger="stoker.loader.fastpath.shard_records"):
+        source.fetch(np.random.default_rng(1).permutation(sum(SIZES)))
+        source.wait_row_major()
+    assert "stopped helping with shard 0" in caplog.text
+    for i, want in enumerate(wants):
+        assert source._records._records[i].tobytes() == want.tobytes()
