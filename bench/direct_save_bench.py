@@ -3,7 +3,7 @@
 ``.venv/bin/python bench/direct_save_bench.py [--mib 235] [--repeats 5] [--idle 3] [--write]``
 saves ``--mib`` MiB of records, built in fresh pages as a first run builds them, with
 ``RecordStore.save`` through the page cache ("cached": the loader before this bench) and
-past it (``direct=True``: ``O_DIRECT``, then the idle-priority helper process reads the file
+past it (``direct=True``: ``O_DIRECT``, then the low-priority helper process reads the file
 into the cache), the two in turn within each repeat, in the records directory's filesystem
 (``--dir``, default the node's records directory), from a thread niced as the loader's saver
 is. Reports medians of the save's wall time, the saving thread's CPU, the helper's CPU and

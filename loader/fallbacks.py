@@ -80,7 +80,7 @@ REASONS = {
                         "written through the page cache, a copy into fresh page-cache pages "
                         "while the first run's batches wait for the same cores "
                         "(stoker.loader.fastpath.record_store.RecordStore.save)",
-    "records_not_warmed": "the idle-priority helper process that reads a record file written "
+    "records_not_warmed": "the low-priority helper process that reads a record file written "
                           "past the page cache into it could not start, or failed: the next "
                           "process that maps the file reads it from the disk, the same bytes "
                           "(stoker.loader.fastpath.record_store)",

@@ -17,8 +17,8 @@ loader also compares a file it maps with the shard's own columns before serving 
 (:mod:`stoker.loader.fastpath.record_check`, called by
 :mod:`stoker.loader.fastpath.shard_records`). The process that builds records in memory writes
 them afterwards, in the background, under a ``flock`` (one writer per file and node), to a
-temporary file published by an atomic rename; past the page cache (``O_DIRECT``), with an
-idle-priority helper process reading the file into the cache afterwards
+temporary file published by an atomic rename; past the page cache (``O_DIRECT``), with a
+low-priority helper process reading the file into the cache afterwards
 (:meth:`RecordStore.save`). (Building straight into a file-backed mapping
 was measured 1.7-3x slower than anonymous memory here, bench/RESULTS.md.) Only a process whose
 worker processes wait for the file builds it in place (:meth:`RecordStore.build`): they map
@@ -192,8 +192,8 @@ class RecordStore:
         ``budget``) the cache's limit has no room for it beside the shards (the counted
         ``"records_not_saved"`` fallback); whether this call wrote it.
 
-        With ``direct``, the bytes go to the disk past the page cache (``O_DIRECT``), then an
-        idle-priority helper process reads the published file into the page cache
+        With ``direct``, the bytes go to the disk past the page cache (``O_DIRECT``), then a
+        low-priority helper process reads the published file into the page cache
         (:func:`_warm`; this call waits for it, sleeping).
         Written through the cache, every record is copied into a page-cache page while the
         epoch that built it runs, a page the guest may not have touched for seconds: on the
@@ -407,10 +407,7 @@ def _write_all(fd: int, data: memoryview) -> None:
 # the program _warm runs in its helper process
 _HELPER = """
 import mmap, os, sys
-try:
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-except (AttributeError, OSError):
-    os.nice(19)
+os.nice(19)
 path = sys.argv[1]
 try:
     fd = os.open(path, os.O_RDONLY)
@@ -431,20 +428,24 @@ finally:
 
 
 def _warm(path: str) -> bool:
-    """Read file ``path`` into the page cache in a helper process, and wait for it (the
-    caller's thread sleeps meanwhile, the GIL released); whether it did.
+    """Read file ``path`` into the page cache in a helper process at the lowest CPU priority
+    (nice 19), and wait for it (the caller's thread sleeps meanwhile, the GIL released);
+    whether it did.
 
-    Copying a file into the page cache costs what writing it through the cache would have:
-    fresh pages. So a small process does it in the ``SCHED_IDLE`` class: it runs only on a
-    core nobody else wants (its disk reads in the idle I/O class with it). A process, not a
-    thread: an idle-priority thread that holds the GIL when it is preempted stalls every
-    thread of the loader until a core is free again (the saver in ``SCHED_IDLE`` made
-    shuffled first runs 25 % slower). The helper maps the file as :func:`_map_records` will
-    (advised ``MADV_HUGEPAGE`` first, so the cache holds it in 2 MB folios, then populated
-    whole; ``POSIX_FADV_WILLNEED`` on kernels before 5.14). It runs ``python -I -S``: no
-    site, no stoker, ~12 ms to start. A helper that cannot start or fails is the counted
-    fallback ``"records_not_warmed"``: the next process that maps the file reads it from
-    the disk, the same bytes."""
+    Read back from the disk, the pages are filled by the disk's DMA: 0.013 s of CPU per
+    235 MiB file here, against 0.07-0.58 s for ``write()`` to copy the records into them
+    (bench/RESULTS.md "Writing records past the page cache"). The helper maps the file as
+    :func:`_map_records` will (advised ``MADV_HUGEPAGE`` first, so the cache holds it in
+    2 MB folios, then populated whole; ``POSIX_FADV_WILLNEED`` on kernels before 5.14). A
+    process, not a thread: CPython's ``mmap.madvise`` holds the GIL for the whole read
+    (0.12-0.18 s for a 246 MB file not cached here, every other thread stopped), and a
+    thread at low priority that holds the GIL stalls the loader's threads (the saver in
+    ``SCHED_IDLE`` made shuffled first runs 25 % slower). Nice 19, not ``SCHED_IDLE``: a
+    loader that keeps both cores busy would leave an idle-class helper no CPU at all, and
+    the saver's next file waits for this one. It runs ``python -I -S``: no site, no stoker,
+    ~12 ms to start. A helper that cannot start or fails is the counted fallback
+    ``"records_not_warmed"``: the next process that maps the file reads it from the disk,
+    the same bytes."""
     try:
         done = subprocess.run([sys.executable, "-I", "-S", "-c", _HELPER, path],
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
