@@ -39,16 +39,18 @@ from stoker.loader.fastpath.ring import fresh_pages  # noqa: E402
 from stoker.loader.fastpath.shard_records import lower_priority  # noqa: E402
 
 MODES = ("cached", "direct")
+
+
 def save_once(store: RecordStore, nbytes: int, direct: bool, name: str) -> dict[str, float]:
-    """Save fresh records once."""
-    records = fresh_pages(nbytes)
-    records[::4096] = 1  # built: every page written, as the build writes them
+    """Save ``nbytes`` of records in fresh pages once (a file deleted afterwards)."""
+    records = fresh_pages(nbytes)  # faulted in, as a build faults its tiles in
     records[:] = 7
     lower_priority()  # this thread saves, as the loader's saver thread does
     c0 = time.thread_time()
     k0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    assert store.save(name, records, direct=direct)
+    if not store.save(name, records, direct=direct):
+        raise RuntimeError(f"{store.path(name)} was not written (no room in {store.root}?)")
     wall = time.perf_counter() - t0
     cpu = time.thread_time() - c0
     k1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -70,6 +72,7 @@ def resident(path: str) -> float:
 
 
 def measure(directory: str, nbytes: int, repeats: int, idle: float) -> dict[str, list[dict]]:
+    """Every mode ``repeats`` times, in turn, each save ``idle`` seconds after the last."""
     store = RecordStore(directory)
     runs: dict[str, list[dict]] = {m: [] for m in MODES}
     for r in range(repeats):
