@@ -58,6 +58,7 @@ def save_once(store: RecordStore, nbytes: int, direct: bool, name: str) -> dict[
     out = {"wall_s": wall, "saver_cpu_s": cpu, "helper_cpu_s": helper,
            "resident": resident(store.path(name))}
     os.unlink(store.path(name))
+    Path(store.path(name) + ".lock").unlink(missing_ok=True)  # the save's lock file
     return out
 
 
