@@ -214,17 +214,11 @@ class RecordStore:
         with self._publishing(name, raw.nbytes + _TRAILER) as tmp:
             if tmp is None:
                 return False
-            digest = xxhash.xxh3_128_digest(raw)
-            direct = direct and _write_direct(tmp, raw, contiguous.ctypes.data, digest)
-            if not direct:
-                with open(tmp, "wb") as f:
-                    for lo in range(0, raw.nbytes, _WRITE_CHUNK):
-                        _still_linked(f.fileno(), tmp)
-                        f.write(raw[lo:lo + _WRITE_CHUNK])
-                    f.write(digest)
+            went_direct = _write(tmp, raw, contiguous.ctypes.data,
+                                 xxhash.xxh3_128_digest(raw), direct)
             os.replace(tmp, self._path(name))
             wrote = True
-        if wrote and direct:
+        if wrote and went_direct:
             _warm(self._path(name))
         return wrote
 
@@ -354,29 +348,24 @@ def _still_linked(fd: int, path: str) -> None:
         raise FileNotFoundError(path)
 
 
-def _write_direct(path: str, raw: memoryview, address: int, digest: bytes) -> bool:
-    """Write ``raw`` (at memory ``address``) and ``digest`` into the empty file ``path``
-    with ``O_DIRECT``, whose reads of memory, lengths and offsets must be multiples of the
-    disk's block (``_BLOCK`` covers 512 and 4096): whole blocks straight from ``raw`` when
-    it is so aligned (records built in fresh pages are), else through an aligned bounce
-    buffer; the last part block and the digest through the page cache (padded to a block,
-    the file would outgrow the size its room was reserved for). Whether it did: ``False``
-    (the file left empty) where the platform or the filesystem refuses ``O_DIRECT``, the
-    counted ``"records_buffered"``."""
-    if _O_DIRECT is None:
-        note("records_buffered", f"{path}: no O_DIRECT on {sys.platform}")
-        return False
+def _write(path: str, raw: memoryview, address: int, digest: bytes, direct: bool) -> bool:
+    """Write ``raw`` (at memory ``address``), then ``digest``, into the temporary ``path`` in
+    ``_WRITE_CHUNK`` pieces, each after checking that the file was not deleted meanwhile
+    (:func:`_still_linked`); whether it went past the page cache.
+
+    With ``direct``: ``O_DIRECT``, whose reads of memory, lengths and offsets must be
+    multiples of the disk's block (``_BLOCK`` covers 512 and 4096): whole blocks straight
+    from ``raw`` when it is so aligned (records built in fresh pages are), else through an
+    aligned bounce buffer; the last part block and the digest through the page cache
+    (padded to a block, the file would outgrow the room reserved for it). A platform or a
+    filesystem that refuses ``O_DIRECT`` (at the flag or at the first write) gets the rest
+    through the page cache: the counted ``"records_buffered"``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     try:
-        fd = os.open(path, os.O_WRONLY | _O_DIRECT)
-    except OSError as exc:
-        if exc.errno != errno.EINVAL:
-            raise
-        note("records_buffered", f"{path}: the filesystem refused O_DIRECT: {exc}")
-        return False
-    try:
-        body = raw.nbytes - raw.nbytes % _BLOCK
-        bounce = None if address % _BLOCK == 0 or not body else \
-            mmap.mmap(-1, min(body, _WRITE_CHUNK))
+        direct = direct and _try_direct(fd, path)
+        body = raw.nbytes - raw.nbytes % _BLOCK if direct else raw.nbytes
+        bounce = mmap.mmap(-1, min(body, _WRITE_CHUNK)) \
+            if direct and body and address % _BLOCK else None
         for lo in range(0, body, _WRITE_CHUNK):
             _still_linked(fd, path)
             piece = raw[lo:min(body, lo + _WRITE_CHUNK)]
@@ -385,20 +374,42 @@ def _write_direct(path: str, raw: memoryview, address: int, digest: bytes) -> bo
                 piece = memoryview(bounce)[:len(piece)]
             try:
                 _write_all(fd, piece)
-            except OSError as exc:
-                if exc.errno != errno.EINVAL or lo:
+            except OSError as exc:  # a block size past _BLOCK: refused at the first write
+                if not direct or exc.errno != errno.EINVAL or lo:
                     raise
-                os.ftruncate(fd, 0)  # a block size past _BLOCK: written through the cache
-                note("records_buffered", f"{path}: the filesystem refused an O_DIRECT "
-                                         f"write of {len(piece)} bytes: {exc}")
-                return False
-        # the part block and the digest through the page cache: never past the file's size
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_DIRECT)
+                _set_direct(fd, False)
+                direct = False
+                note("records_buffered", f"{path}: the filesystem refused an O_DIRECT write "
+                                         f"of {len(piece)} bytes: {exc}")
+                _write_all(fd, piece)
+        if direct:  # the part block and the digest: never past the file's size
+            _set_direct(fd, False)
         _write_all(fd, raw[body:])
         _write_all(fd, memoryview(digest))
-        return True
+        return direct
     finally:
         os.close(fd)
+
+
+def _try_direct(fd: int, path: str) -> bool:
+    """Set ``O_DIRECT`` on ``fd``; whether it could: a platform without it or a filesystem
+    that refuses it is the counted ``"records_buffered"`` naming ``path``."""
+    if _O_DIRECT is None:
+        note("records_buffered", f"{path}: no O_DIRECT on {sys.platform}")
+        return False
+    try:
+        _set_direct(fd, True)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        note("records_buffered", f"{path}: the filesystem refused O_DIRECT: {exc}")
+        return False
+    return True
+
+
+def _set_direct(fd: int, on: bool) -> None:
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags | _O_DIRECT if on else flags & ~_O_DIRECT)
 
 
 def _write_all(fd: int, data: memoryview) -> None:
