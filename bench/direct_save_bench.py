@@ -19,7 +19,6 @@ reports free pages to the host, pages left free for ~2 s cost ~20x more to touch
 from __future__ import annotations
 
 import argparse
-import mmap
 import os
 import platform
 import resource
@@ -33,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_md import write_section  # noqa: E402
 
-from stoker.loader.fastpath.advise import _residency  # noqa: E402
+from stoker.loader.fastpath.advise import cached_pages  # noqa: E402
 from stoker.loader.fastpath.record_store import RecordStore, default_dir  # noqa: E402
 from stoker.loader.fastpath.ring import fresh_pages  # noqa: E402
 from stoker.loader.fastpath.shard_records import lower_priority  # noqa: E402
@@ -56,19 +55,13 @@ def save_once(store: RecordStore, nbytes: int, direct: bool, name: str) -> dict[
     k1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     helper = (k1.ru_utime + k1.ru_stime) - (k0.ru_utime + k0.ru_stime)
     out = {"wall_s": wall, "saver_cpu_s": cpu, "helper_cpu_s": helper,
-           "resident": resident(store.path(name))}
+           "resident": _share(cached_pages(store.path(name)))}
     os.unlink(store.path(name))
     Path(store.path(name) + ".lock").unlink(missing_ok=True)  # the save's lock file
     return out
 
 
-def resident(path: str) -> float:
-    """Share of the file's pages in the page cache."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as m:
-        view = np.frombuffer(m, dtype=np.uint8)
-        pages = _residency(view.ctypes.data, 0, -(-size // mmap.PAGESIZE) * mmap.PAGESIZE)
-        del view
+def _share(pages: np.ndarray | None) -> float:
     return float("nan") if pages is None else float(pages.mean())
 
 

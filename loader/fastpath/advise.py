@@ -46,7 +46,8 @@ if TYPE_CHECKING:
     from stoker.loader.fastpath.rowmajor import Field
 
 __all__ = ["advise_list_offsets", "advise_open", "advise_random", "advise_runs", "advise_whole",
-           "memory_limit", "page_ranges", "run_byte_ranges", "shards_fit_memory", "smaps_entry"]
+           "cached_pages", "memory_limit", "page_ranges", "run_byte_ranges", "shards_fit_memory",
+           "smaps_entry"]
 
 _PAGE = mmap.PAGESIZE
 _NORMAL = getattr(mmap, "MADV_NORMAL", 0)
@@ -330,6 +331,19 @@ def _cached(base: int, size: int, d: ShardData, fields: Sequence[Field],
         if resident is None or not resident.all():
             return False
     return True
+
+
+def cached_pages(path: str) -> np.ndarray | None:
+    """Which pages of file ``path`` are in the page cache (``mincore`` of a map that touches
+    none of them); ``None`` when that cannot be known. For benchmarks and tests."""
+    size = os.path.getsize(path)
+    if not size:
+        return np.zeros(0, dtype=bool)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as m:
+        view = np.frombuffer(m, dtype=np.uint8)
+        base = view.ctypes.data
+        del view  # no export left on the map: it can be closed
+        return _residency(base, 0, -(-size // _PAGE) * _PAGE)
 
 
 def _residency(base: int, lo: int, hi: int) -> np.ndarray | None:

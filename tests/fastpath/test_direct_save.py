@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from stoker.loader.fallbacks import collecting
 from stoker.loader.fastpath import record_store
-from stoker.loader.fastpath.advise import _residency
+from stoker.loader.fastpath.advise import cached_pages
 from stoker.loader.fastpath.record_store import RecordStore
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="O_DIRECT: Linux")
@@ -26,17 +26,9 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="O_
 BLOCK = 4096
 
 
-def _on_disk(path: Path) -> bytes:
-    return path.read_bytes()
-
-
 def _resident(path: Path) -> float:
-    """Fraction of the file's pages in the page cache (mincore of a map that touches none)."""
-    size = path.stat().st_size
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as m:
-        view = np.frombuffer(m, dtype=np.uint8)
-        pages = _residency(view.ctypes.data, 0, -(-size // mmap.PAGESIZE) * mmap.PAGESIZE)
-        del view
+    """Share of the file's pages in the page cache."""
+    pages = cached_pages(str(path))
     assert pages is not None, "mincore is not available here"
     return float(pages.mean())
 
@@ -69,7 +61,7 @@ def test_a_direct_save_writes_the_records_and_their_digest_exactly(
             assert store.save("a.rec", want, direct=True)
         assert not noted
         raw = want.tobytes()
-        assert _on_disk(where / "a.rec") == raw + xxhash.xxh3_128_digest(raw)
+        assert (where / "a.rec").read_bytes() == raw + xxhash.xxh3_128_digest(raw)
         got = store.open("a.rec", want.nbytes)
         assert got is not None and np.array_equal(got, want)
     finally:
@@ -90,7 +82,7 @@ def test_a_direct_save_bypasses_the_page_cache_and_the_helper_fills_it(
         assert store.save("warm.rec", want, direct=True)
     assert not noted
     assert _resident(tmp_path / "warm.rec") == 1.0
-    assert _on_disk(tmp_path / "warm.rec") == _on_disk(tmp_path / "cold.rec")
+    assert (tmp_path / "warm.rec").read_bytes() == (tmp_path / "cold.rec").read_bytes()
 
 
 def test_no_o_direct_is_a_counted_fallback_with_the_same_bytes(
@@ -103,7 +95,7 @@ def test_no_o_direct_is_a_counted_fallback_with_the_same_bytes(
     count, detail = noted["records_buffered"]
     assert count == 1 and "a.rec" in detail and "O_DIRECT" in detail
     raw = want.tobytes()
-    assert _on_disk(tmp_path / "a.rec") == raw + xxhash.xxh3_128_digest(raw)
+    assert (tmp_path / "a.rec").read_bytes() == raw + xxhash.xxh3_128_digest(raw)
 
 
 def test_a_failing_helper_is_a_counted_fallback_and_the_file_is_served(

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # for fastpath_helpers (importli
 from fastpath_helpers import write_dataset  # noqa: E402
 
 from stoker.loader.fastpath import advise  # noqa: E402
-from stoker.loader.fastpath.advise import _residency  # noqa: E402
+from stoker.loader.fastpath.advise import cached_pages  # noqa: E402
 from stoker.loader.read.arrow import ArrowSource  # noqa: E402
 from stoker.manifest import Manifest  # noqa: E402
 
@@ -64,13 +64,10 @@ def _read_ahead(path: str) -> int:
 
 def _resident(path: str, skip_window: bool = False) -> float:
     """Fraction of the file's pages in the page cache (past the first read-ahead window)."""
-    size = os.path.getsize(path)
     first = _read_ahead(path) // mmap.PAGESIZE if skip_window else 0
-    assert first * mmap.PAGESIZE < size / 2, "the read-ahead window covers most of the shard"
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as m:
-        view = np.frombuffer(m, dtype=np.uint8)
-        pages = _residency(view.ctypes.data, 0, -(-size // mmap.PAGESIZE) * mmap.PAGESIZE)
-        del view
+    assert first * mmap.PAGESIZE < os.path.getsize(path) / 2, \
+        "the read-ahead window covers most of the shard"
+    pages = cached_pages(path)
     assert pages is not None, "mincore is not available here"
     return float(pages[first:].mean())
 
