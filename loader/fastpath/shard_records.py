@@ -520,7 +520,7 @@ class ShardRecords:
         process wrote first is checked against the shard before it replaces this process's
         own records (one that differs is deleted and these records are saved instead). The
         saving thread runs at a lower CPU priority (Linux): it must not slow the batches;
-        and it writes past the page cache, which an idle helper process fills afterwards
+        and it writes past the page cache, which a low-priority helper process fills afterwards
         (``RecordStore.save(direct=True)``). Neither when it saves for worker processes
         (:attr:`for_workers`), which wait for the file and then read it at once (one 250 MB
         W1 shard's save, 2 process workers busy: 3.8 s niced, 1.2 s not)."""
