@@ -49,7 +49,7 @@ from stoker.loader.order.windows import ChunkThread
 from stoker.loader.state import Cursor, LoaderState
 from stoker.loader.stats import LoaderStats
 from stoker.loader.transfer import Transfer
-from stoker.loader.workers.pool import WorkerPool, WorkerSetup, make_pool
+from stoker.loader.workers.pool import ThreadPool, WorkerPool, WorkerSetup, make_pool
 from stoker.loader.workers.seed import resolve_seed, worker_base_seed
 
 __all__ = ["DataLoader"]
@@ -200,6 +200,12 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         else:
             self.sampler = OrderSampler(self)
             self.batch_sampler = OrderBatchSampler(self, self.sampler) if auto_collation else None
+        # batches read ahead in a stoker thread with num_workers=0: only where no user code
+        # runs in a batch, so nothing the caller can observe but the time it waits
+        self._reads_ahead = (num_workers == 0 and opts.workers.read_ahead and
+                             self._mode == "order" and is_stoker_dataset(dataset) and
+                             self._service is None and self._collate is None and
+                             transform is None)
         self.seed = resolve_seed(seed, generator)
         self._cursor = Cursor()  # epoch, next step, steps yielded ahead (in_order=False)
         self._loaded: LoaderState | None = None  # a loaded state not yet iterated from
@@ -276,7 +282,8 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         cursor, rank = self._cursor, self.rank
         run = functools.partial(
             EpochRun, epoch=cursor.epoch, seed=self.seed, rank=rank, cursor=cursor,
-            task=self._task, in_order=self.in_order, timeout=self.timeout or None,
+            task=self._task, in_order=self.in_order,
+            timeout=(self.timeout or None) if self.num_workers else None,  # as torch
             transfer=self._transfer, stats=self.stats, fallbacks=self._fallbacks, ledger=ledger,
             end=self._end_pass, is_current=lambda p: self._active is p)
         if self._mode == "iterable":
@@ -315,7 +322,7 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
                     self._get_pool()
         pool = self._get_pool()
         group = self._group() if hasattr(pool, "submit_group") else 1
-        depth = getattr(pool, "depth", 0) or self.num_workers * self._prefetch * group
+        depth = getattr(pool, "depth", 0) or max(self.num_workers, 1) * self._prefetch * group
         return run(pool=pool, depth=max(depth, 1), steps=steps, skip=frozenset(cursor.ahead),
                    group=group, **where)
 
@@ -363,7 +370,10 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
                 self._pool = ServicePool(self, self._task)
             return self._pool
         if self.num_workers == 0:
-            return None
+            if self._reads_ahead and self._pool is None:
+                self._pool = ThreadPool(self._task, WorkerSetup(1, group=self._group()),
+                                        mode="reader")
+            return self._pool
         if self._pool is None:
             setup = WorkerSetup(self.num_workers, self.worker_init_fn,
                                 worker_base_seed(self.seed, self._cursor.epoch), self.dataset,

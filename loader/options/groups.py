@@ -199,11 +199,17 @@ class WorkerOptions:
         service: ``stoker serve`` URLs (``["grpc://host:port", ...]``) or a
             ``stoker.loader.service.options.Service``: batches come from those servers,
             bitwise equal to local ones (failover and hedging in the service client).
+        read_ahead: with ``num_workers=0``, read a stoker dataset's next batches in one
+            stoker thread while the caller uses the current one, when no user code runs
+            in a batch (no ``collate_fn``, no ``transform``, stoker's own order); the same
+            batches in the same order. ``False``: each batch is read in the caller's thread
+            when it is asked for, as torch's ``num_workers=0`` does.
     """
 
     mode: str | None = None
     sample_seeding: bool = True
     service: Any = None
+    read_ahead: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in WORKER_MODES:
@@ -211,6 +217,8 @@ class WorkerOptions:
                                "'process' (or None for the dataset's default).")
         if not isinstance(self.sample_seeding, bool):
             raise OptionsError(f"sample_seeding={self.sample_seeding!r} must be True or False.")
+        if not isinstance(self.read_ahead, bool):
+            raise OptionsError(f"read_ahead={self.read_ahead!r} must be True or False.")
         if self.service is not None:
             from stoker.loader.service.options import Service
 

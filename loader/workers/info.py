@@ -63,7 +63,10 @@ class WorkerContext:
                                             seed=self.seed, dataset=dataset, **extra)
 
     def enter(self) -> None:
-        """Called first thing in the worker (its thread or its process)."""
+        """Called first thing in the worker (its thread or its process); nothing in a
+        ``"reader"`` thread (no user code runs there: ``WorkerOptions.read_ahead``)."""
+        if self.mode == "reader":
+            return
         if self.mode == "thread":
             _local.context = self
             return

@@ -150,10 +150,13 @@ class WorkerPool(abc.ABC):
             self.close()
 
 
+_NAMES = {"thread": "worker", "reader": "reader"}  # a ThreadPool's mode -> its threads' name
+
+
 def _thread_main(fn: Task, tasks: queue.Queue, results: dict, cond: threading.Condition,
                  context: WorkerContext, init: Callable[[int], None] | None) -> None:
     context.enter()
-    where = f"worker thread {context.id}"
+    where = f"{_NAMES[context.mode]} thread {context.id}"
     failure = run_init(context, init, where, local=True)
     if failure is not None:
         with cond:
@@ -180,7 +183,7 @@ def _thread_main(fn: Task, tasks: queue.Queue, results: dict, cond: threading.Co
 class ThreadPool(WorkerPool):
     """Threads sharing the process: the heavy work (Arrow, NumPy, Numba) releases the GIL."""
 
-    def __init__(self, fn: Task, setup: WorkerSetup) -> None:
+    def __init__(self, fn: Task, setup: WorkerSetup, mode: str = "thread") -> None:
         self.num_workers = setup.num_workers
         self._tasks: queue.Queue = queue.Queue()
         n = setup.num_workers
@@ -189,9 +192,9 @@ class ThreadPool(WorkerPool):
         self._cond = threading.Condition()
         self._closed = False
         self._threads = [
-            threading.Thread(target=_thread_main, name=f"stoker-worker-{i}", daemon=True,
+            threading.Thread(target=_thread_main, name=f"stoker-{_NAMES[mode]}-{i}", daemon=True,
                              args=(fn, self._queues[i], self._results, self._cond,
-                                   setup.context(i, "thread"), setup.init))
+                                   setup.context(i, mode), setup.init))
             for i in range(setup.num_workers)
         ]
         for t in self._threads:

@@ -76,7 +76,8 @@ def test_grouped_batches_keep_their_content_digests(dataset: Path, tmp_path: Pat
     digests = []
     for workers in (0, 2):
         path = tmp_path / f"ledger-{workers}"
-        dl = _loader(dataset, shuffle=True, num_workers=workers,
+        dl = _loader(dataset, shuffle=True, num_workers=workers,  # 0: read one at a time
+                     workers=WorkerOptions(read_ahead=workers > 0),
                      ledger=LedgerOptions(path=str(path), content=True))
         for _ in dl:
             pass
