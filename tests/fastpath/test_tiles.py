@@ -157,11 +157,20 @@ def test_a_batch_whose_tiles_cannot_be_built_reads_the_columns(
         dataset: Manifest, tmp_path: Path, small_tiles: Counter[int],
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A tile build that fails in a batch's thread is the counted ``row_major_failed``
-    fallback: the batch comes from the columns, with the columns' bytes."""
+    fallback: the batch comes from the columns, with the columns' bytes. The builders start
+    late, so every batch finds the records still being built (else a fast builder could
+    finish them before any batch asks for tiles)."""
     def no_memory(self: rowmajor.Tiles, lo: int, hi: int) -> np.ndarray:
         raise MemoryError(f"rows {lo}-{hi}")
 
+    real = rowmajor.Tiles.build
+
+    def late(self: rowmajor.Tiles) -> np.ndarray:
+        time.sleep(1.0)
+        return real(self)
+
     monkeypatch.setattr(rowmajor.Tiles, "read", no_memory)
+    monkeypatch.setattr(rowmajor.Tiles, "build", late)
     monkeypatch.setenv("STOKER_ROW_MAJOR_DIR", str(tmp_path))
     want = [_bytes(b) for b in _loader(dataset, False, 0)]
     dl = _loader(dataset, "auto", 0)
