@@ -278,17 +278,33 @@ class Tiles:
 
     def read(self, lo: int, hi: int) -> np.ndarray:
         """Records of shard rows ``lo:hi``: their tiles built now by this thread when no
-        other thread has taken them, else waited for."""
+        other thread has taken them, else waited for; while it waits, this thread builds
+        the next untaken tiles after them (at most ``_READ_AHEAD``), which the next
+        batches will read. Thread workers in natural order read neighbouring batches, often
+        of one tile: the second waited idle while the first built it."""
         for t in range(lo // self.TILE_ROWS, (hi - 1) // self.TILE_ROWS + 1):
-            with self._cond:
-                while self._state[t] == _BUSY:
-                    self._cond.wait()
-                mine = self._state[t] == _FREE
-                if mine:
-                    self._state[t] = _BUSY
-            if mine:
-                self._make(t)
+            while (mine := self._take_for(t)) is not None:
+                self._make(mine)
+                if mine == t:
+                    break
         return self.records[lo:hi]
+
+    def _take_for(self, t: int) -> int | None:
+        """For a read of tile ``t``: ``t`` itself, taken, when no thread took it; ``None``
+        once it is built; while another thread builds it, the first untaken tile of the
+        ``_READ_AHEAD`` after it, taken, else waits."""
+        with self._cond:
+            while True:
+                if self._state[t] == _FREE:
+                    self._state[t] = _BUSY
+                    return t
+                if self._state[t] == _DONE:
+                    return None
+                ahead = self._state.find(_FREE, t + 1, t + 1 + _READ_AHEAD)
+                if ahead >= 0:
+                    self._state[ahead] = _BUSY
+                    return ahead
+                self._cond.wait()
 
     def built_everywhere(self) -> bool:
         """Whether every tile is built, here or (with claims) by any process."""
@@ -330,6 +346,7 @@ class Tiles:
 
 
 _FREE, _BUSY, _DONE = 0, 1, 2
+_READ_AHEAD = 2  # tiles a read waiting for its own tile may build meanwhile (Tiles.read)
 
 
 def built_ahead(plan: FastPlan) -> bool:

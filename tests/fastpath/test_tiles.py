@@ -112,6 +112,47 @@ def test_a_tile_whose_build_fails_is_built_again_by_another_thread(
     assert small_tiles == Counter(range(0, SIZES[1], TILE))
 
 
+def test_a_read_waiting_for_its_tile_builds_the_next_untaken_ones(
+        dataset: Manifest, small_tiles: Counter[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Thread A builds tile 0 (held until B has built what it may); B reads rows of tile 0
+    meanwhile: it builds tiles 1 and 2 (``_READ_AHEAD``), not 3, waits, and gets tile 0's
+    rows once A is done. Each tile once; the records are one whole build's bytes."""
+    data, layout = _shard(dataset, 0)
+    want = _whole(data, layout)
+    counted = rowmajor.copy_runs
+    hold, ahead_built = threading.Event(), threading.Event()
+    by: dict[int, str] = {}
+
+    def held(rec: np.ndarray, fields: Any, d: Any, first: np.ndarray, *rest: Any) -> None:
+        tile = int(first[0]) // TILE
+        by[tile] = threading.current_thread().name
+        if tile == 0:
+            assert hold.wait(10)
+        counted(rec, fields, d, first, *rest)
+        if tile == rowmajor._READ_AHEAD:
+            ahead_built.set()
+
+    monkeypatch.setattr(rowmajor, "copy_runs", held)
+    small_tiles.clear()
+    tiles = rowmajor.Tiles(layout, data)
+    a = threading.Thread(target=tiles.read, args=(0, 10), name="A")
+    a.start()
+    while not by:  # A took tile 0
+        time.sleep(0.001)
+    got: list[bytes] = []
+    b = threading.Thread(target=lambda: got.append(tiles.read(5, TILE).tobytes()), name="B")
+    b.start()
+    assert ahead_built.wait(10)
+    time.sleep(0.05)  # B now waits for tile 0 and builds no further tile
+    assert by == {0: "A", 1: "B", 2: "B"} and not got
+    hold.set()
+    a.join(10)
+    b.join(10)
+    assert got == [want[5:TILE].tobytes()]
+    assert tiles.build().tobytes() == want.tobytes()
+    assert small_tiles == Counter(range(0, SIZES[0], TILE))  # every tile, once
+
+
 def _bytes(batch: dict[str, Any]) -> dict[str, Any]:
     """Every output as (dtype, shape, raw bytes): bitwise, NaNs included."""
     return {k: (v.dtype, tuple(v.shape), v.numpy().tobytes()) if isinstance(v, torch.Tensor)
