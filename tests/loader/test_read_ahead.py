@@ -29,8 +29,12 @@ def _loader(path: Path, read_ahead: bool = True, **kw: Any) -> DataLoader:
                       workers=WorkerOptions(read_ahead=read_ahead), **kw)
 
 
-def _readers() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("stoker-reader")]
+def _reader(dl: DataLoader) -> threading.Thread | None:
+    """The loader's reader thread while it runs (its own: not another test's loader's)."""
+    pool = dl._pool
+    threads = getattr(pool, "_threads", [])
+    return threads[0] if threads and threads[0].is_alive() and \
+        threads[0].name == "stoker-reader-0" else None
 
 
 def _epochs(dl: DataLoader, epochs: int) -> tuple[list[Any], set[bool]]:
@@ -39,7 +43,7 @@ def _epochs(dl: DataLoader, epochs: int) -> tuple[list[Any], set[bool]]:
     for e in range(epochs):
         dl.set_epoch(e)
         for b in dl:
-            reading.add(bool(_readers()))
+            reading.add(_reader(dl) is not None)
             out.append(_raw(b))
     return out, reading
 
@@ -57,7 +61,7 @@ def test_batches_read_ahead_equal_batches_read_when_asked(dataset: Path, shuffle
     ahead = _loader(dataset, shuffle=shuffle, read=read)
     got, reading = _epochs(ahead, 2)
     assert reading == {True}
-    assert not _readers()  # each pass hands its reader back at its end
+    assert ahead._pool is None  # each pass hands its reader back at its end
     ahead.close()
     assert len(got) == len(want) == 2 * 39
     assert got == want
@@ -117,7 +121,7 @@ def test_user_code_keeps_every_batch_in_the_callers_thread(dataset: Path, where:
 
     dl = _loader(dataset, **{where: user})
     for _ in dl:
-        assert not _readers()
+        assert dl._pool is None
     dl.close()
     assert len(seen) == 39
     assert set(seen) == {(threading.main_thread(), None)}
