@@ -164,17 +164,20 @@ def _cached(*roots: Path) -> None:
     starts with its dataset (and a later case with the records) in the page cache, whatever
     the cases before it evicted. A first run writes a fresh records directory (~500 MB per
     million W1 rows), and at 5 M rows the later case that ran first after them read its
-    records back from the disk: 3.4-3.6 M rows/s against 6.7 M (session 37). Read as the
-    loader maps a record file (advised ``MADV_HUGEPAGE``, then ``MADV_POPULATE_READ``), so a
-    file read back from the disk comes in the same 2 MB folios."""
-    import mmap
+    records back from the disk: 3.4-3.6 M rows/s against 6.7 M (session 37). Mapped as the
+    loader maps a record file (``record_store._map_records``: advised ``MADV_HUGEPAGE``, then
+    populated), so a file read back from the disk comes in the same 2 MB folios."""
+    from stoker.loader.fastpath.record_store import _map_records
 
     for root in roots:
-        for path in sorted(p for p in root.rglob("*") if p.is_file() and p.stat().st_size):
-            with open(path, "rb") as f, \
-                    mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as region:
-                region.madvise(mmap.MADV_HUGEPAGE)
-                region.madvise(22)  # MADV_POPULATE_READ
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            size = path.stat().st_size
+            if size:
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    _map_records(fd, size, path.name).close()
+                finally:
+                    os.close(fd)
 
 
 def _spawn(name: str, data: Path, records: Path) -> dict[str, float]:
