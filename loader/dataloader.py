@@ -308,7 +308,9 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
             steps = range(cursor.step, len(batches))
             where = dict(sampler=sampler, batched=self.batch_sampler is not None)
         open_ahead = self._open_ahead() if "ids" in where else None
-        if open_ahead is not None:
+        if open_ahead is None and "ids" in where:
+            where["open_ahead"] = self._open_next()
+        elif open_ahead is not None:
             where["open_ahead"] = open_ahead
             if self._pool is None:
                 # the shards of the workers' first tasks open here and the workers inherit
@@ -334,6 +336,13 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         if self.worker_mode != "process" or not self.num_workers or self._service is not None:
             return None  # servers read the batches, not this process
         return getattr(self._source, "open_for_workers", None)
+
+    def _open_next(self) -> Callable[[list[np.ndarray]], None] | None:
+        """Where this process reads the batches (thread workers, the reader thread), what
+        opens natural order's next shard before a batch reaches it (ArrowSource.open_next)."""
+        if self._service is not None or self.num_workers and self.worker_mode == "process":
+            return None
+        return getattr(self._source, "open_next", None)
 
     def _group(self) -> int:
         """Batches per worker task: enough rows that one record gather's nogil copy outlasts

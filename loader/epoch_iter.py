@@ -148,8 +148,10 @@ class EpochRun:
         cache_clock, cache_events: move the node cache's future to a step; write what the
             cache did to the ledger (``None``: no cache).
         workers, saved: an IterableDataset's pass: worker slots and a loaded state.
-        open_ahead: called with a task's ids before a worker process gets it (the source
-            opens their shards here, to build the records the workers map).
+        open_ahead: called with the tasks' ids as they are handed out: before a worker
+            process gets them (the source opens their shards here, to build the records the
+            workers map), or before this process's readers do (natural order's next shard
+            opens ahead).
     """
 
     epoch: int

@@ -38,6 +38,7 @@ from stoker.loader.jit.search import distinct
 from stoker.loader.order.options import OrderOptions
 from stoker.loader.read.arrow_batch import arrow_batch
 from stoker.loader.read.columns import check_categoricals, check_column_names, check_image_column
+from stoker.loader.read.next_shard import NextShard
 from stoker.loader.read.open_shards import OPENERS, OpenShards, ShardOpener
 from stoker.loader.read.order_plan import record_stride
 from stoker.loader.read.staged_files import StagedFiles
@@ -178,6 +179,7 @@ class ArrowSource:
         self._stager: Stager | None = None
         self._files: StagedFiles | None = None  # stored records of staged rounds
         self._opened_ahead: set[int] = set()  # shards open_for_workers opened
+        self._next = NextShard(self._shards, self._starts)  # see open_next
         self._records_mode = self._rm.mode if self._rm is not None else 0  # bytes; -1: any
         records = bool(self._rm and self._rm.mode)
         # records through the gather compiled ahead of time (stoker.loader.jit.aot) may serve
@@ -730,6 +732,14 @@ class ArrowSource:
         self._shards.open_all(new, lambda index, exc: note(  # raised by its batch, in turn
             "open_ahead_failed", f"{type(exc).__name__}: {exc}"))
 
+    def open_next(self, ids: Sequence[np.ndarray]) -> None:
+        """Called with the tasks handed out to readers in this process (thread workers, the
+        reader thread): in natural order, the shard after the last task's opens in the
+        background before a batch reaches it (stoker.loader.read.next_shard). Not while
+        rounds are staged (the stager reads what opens)."""
+        if self._stager is None:
+            self._next(ids)
+
     def _shards_of(self, ids: np.ndarray) -> list[int]:
         """The distinct shards global ``ids`` fall in, ascending."""
         return distinct(np.searchsorted(self._starts, ids, side="right") - 1).tolist()
@@ -744,6 +754,7 @@ class ArrowSource:
 
     def close(self) -> None:
         """Release every open shard (and its cache pin); idempotent."""
+        self._next.close()
         handles = self._shards.detach()
         self._opened_ahead.clear()
         if self._rm is not None:

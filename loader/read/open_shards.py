@@ -195,6 +195,11 @@ class OpenShards:
                 one(s)
         return bool(closed)
 
+    def is_open(self, index: int, opening: bool = True) -> bool:
+        """Whether shard ``index`` is open, or being opened (with ``opening``): a hint,
+        unlocked, that may change right after."""
+        return index in self._open or opening and index in self._opening
+
     def touch(self, shards: np.ndarray) -> None:
         """Mark open ``shards`` as just used (a records read uses them without :meth:`table`)."""
         with self._lock:

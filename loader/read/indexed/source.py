@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -106,6 +106,10 @@ class IndexSource(ArrowSource):
         self._footers: OrderedDict[int, pq.FileMetaData] = OrderedDict()
         self._row_groups: RowGroups | None = None  # decoded groups of staged rounds
         self._natural: NaturalGroups | None = None  # decoded groups' records, natural order
+
+    def open_next(self, ids: Sequence[np.ndarray]) -> None:
+        """Nothing: its files are not opened as Arrow shards; the next row group is
+        checked ahead by a thread of its own (``stoker-check``)."""
 
     # -- integrity -----------------------------------------------------------------------
     def _path(self, index: int) -> str:
