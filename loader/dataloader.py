@@ -310,8 +310,8 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         open_ahead = self._open_ahead() if "ids" in where else None
         if open_ahead is None and "ids" in where:
             where["open_ahead"] = self._open_next()
-        elif open_ahead is not None:
-            where["open_ahead"] = open_ahead
+        elif open_ahead is not None:  # once forked, in the background
+            where["open_ahead"] = functools.partial(open_ahead, wait=False)
             if self._pool is None:
                 # the shards of the workers' first tasks open here and the workers inherit
                 # them; their records build after the forks (a fork waits for a build)

@@ -253,18 +253,18 @@ class MixtureSource:
             batch["source"] = column
         return got
 
-    def open_for_workers(self, ids: Sequence[np.ndarray]) -> None:
+    def open_for_workers(self, ids: Sequence[np.ndarray], wait: bool = True) -> None:
         """Each reader opens the shards of its share of ``ids`` for worker processes
         (ArrowSource.open_for_workers)."""
         if not any(r.opens_ahead for r in self.readers):
             return
         if self.union:
-            self.readers[0].open_for_workers(ids)
+            self.readers[0].open_for_workers(ids, wait)
             return
         ids = np.concatenate(ids)
         src = source_of(ids, self._offsets)
         for i, _, local in self._shares(ids, src, np.unique(src).tolist()):
-            self.readers[i].open_for_workers([local])
+            self.readers[i].open_for_workers([local], wait)
 
     def _shares(self, ids: np.ndarray, src: np.ndarray,
                 present: list[int]) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:

@@ -68,8 +68,12 @@ class NextShard:
             return
         first = int(np.searchsorted(self._starts, ids[0][0], side="right")) - 1
         following = int(np.searchsorted(self._starts, last[-1], side="right"))
-        wanted = [s for s in range(max(first, 0), min(following + 1, len(self._starts) - 1))
-                  if not self._shards.is_open(s)]
+        self.open_soon([s for s in range(max(first, 0), min(following + 1,
+                                                            len(self._starts) - 1))])
+
+    def open_soon(self, shards: Sequence[int]) -> None:
+        """Open ``shards`` (those not open yet) in the background thread, in order."""
+        wanted = [s for s in shards if not self._shards.is_open(s)]
         if not wanted:
             return
         with self._lock:
@@ -81,7 +85,7 @@ class NextShard:
                 self._pool = (os.getpid(),  # a forked child starts its own
                               ThreadPoolExecutor(1, thread_name_prefix="stoker-next-shard"))
             pool = self._pool[1] if wanted else None
-        for index in wanted:  # in order, one at a time
+        for index in wanted:
             pool.submit(self._open, index).add_done_callback(self._failed)  # type: ignore[union-attr]
 
     def _open(self, index: int) -> None:
