@@ -92,6 +92,11 @@ class NextShard:
         try:
             with fork_gate.unit():  # pyarrow's locks: no fork in the middle
                 self._shards.open(index)
+            with self._lock:
+                closed = self._closed
+            if closed:  # the source closed meanwhile: not left open behind it
+                self._shards.close(index)
+                return
             self.opened += 1
         except (WorkerError, ShardIntegrityError) as exc:  # raised by its batch, in turn
             note("open_ahead_failed", f"shard {index}: {type(exc).__name__}: {exc}")

@@ -195,10 +195,21 @@ class OpenShards:
                 one(s)
         return bool(closed)
 
-    def is_open(self, index: int, opening: bool = True) -> bool:
-        """Whether shard ``index`` is open, or being opened (with ``opening``): a hint,
-        unlocked, that may change right after."""
-        return index in self._open or opening and index in self._opening
+    def is_open(self, index: int) -> bool:
+        """Whether shard ``index`` is open or being opened: a hint, unlocked, that may
+        change right after."""
+        return index in self._open or index in self._opening
+
+    def close(self, index: int) -> None:
+        """Close shard ``index`` if it is open (its handle exited: a cache pin released)."""
+        with self._lock:
+            entry = self._open.pop(index, None)
+            if entry is None:
+                return
+            self.data.pop(index, None)
+            self._on_dropped(index)
+            self._lock.notify_all()
+        entry[1].__exit__(None, None, None)
 
     def touch(self, shards: np.ndarray) -> None:
         """Mark open ``shards`` as just used (a records read uses them without :meth:`table`)."""

@@ -5,10 +5,12 @@ shard that cannot be opened ahead still fails at its own batch, naming the shard
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +31,7 @@ COLUMNS = ["id", "x", "y"]
 
 def _wait_open(source: ArrowSource, index: int) -> None:
     """Until shard ``index`` is open (the test's timeout bounds the wait)."""
-    while not source._shards.is_open(index, opening=False):
+    while index not in source.opened_shards:
         time.sleep(0.005)
 
 
@@ -64,6 +66,37 @@ def test_the_shard_after_a_natural_task_opens_once_a_batch_opened_one(dataset: P
         source.close()
     source.open_next([np.arange(starts[6], starts[7], dtype=np.int64)])  # closed: ignored
     assert not source._shards.is_open(7)
+
+
+@pytest.mark.timeout(60)
+def test_a_shard_still_opening_ahead_when_the_source_closes_is_not_left_open(
+        dataset: Path) -> None:
+    """Its open finishes after the source closed: closed again, its opener's context (a
+    cache pin) exited."""
+    m = Manifest.load(str(dataset))
+    root = Path(m.root.removeprefix("file://"))  # type: ignore[union-attr]
+    inside, go, exited = threading.Event(), threading.Event(), []
+
+    @contextlib.contextmanager
+    def opener(index: int) -> Iterator[str]:
+        if index == 1:  # the open ahead: held until the source closed
+            inside.set()
+            go.wait()
+        try:
+            yield str(root / m.shards[index].path)
+        finally:
+            exited.append(index)
+
+    source = ArrowSource(m, columns=COLUMNS, opener=opener)
+    source._shards.open(0)
+    source.open_next([np.arange(0, 8, dtype=np.int64)])
+    inside.wait()
+    source.close()
+    assert exited == [0]
+    go.set()
+    while source._next._asked:  # the open ahead ending (the test's timeout bounds it)
+        time.sleep(0.005)
+    assert exited == [0, 1] and not source._shards.is_open(1) and source._next.opened == 0
 
 
 def _ids(dl: DataLoader) -> list[bytes]:
