@@ -39,11 +39,17 @@ __all__ = ["NextShard"]
 
 logger = logging.getLogger(__name__)
 
+#: fewest shards the source may hold open for one to open ahead: opening one more closes the
+#: least recently used, which with fewer could be the shard being read (a node cache whose
+#: limit holds two or three shards: stoker.loader.read.remote.pin_bound)
+_MIN_OPEN = 3
+
 
 class NextShard:
     """Called with the tasks handed out (``ids`` arrays, in order): when the last is a run of
-    consecutive ids, opens in the background the shards they read that are not open yet and
-    the shard after them, once a batch has opened one (the first batches' opens come first).
+    ids at one stride (natural order, or a rank's share of it), opens in the background the
+    shards they read that are not open yet and the shard after them, once a batch has opened
+    one (the first batches' opens come first).
 
     Args:
         shards: the source's open shards.
@@ -60,11 +66,13 @@ class NextShard:
 
     def __call__(self, ids: Sequence[np.ndarray]) -> None:
         if not len(ids) or not len(ids[0]) or not len(ids[-1]) or \
-                not self._shards.opened_shards:  # the first batch opens its shards itself
-            return
+                not self._shards.opened_shards or self._shards.max_open < _MIN_OPEN:
+            return  # the first batch opens its shards itself
         last = ids[-1]
-        # the ends' distance only: a hint, and it runs for every task handed out
-        if int(last[-1]) - int(last[0]) != len(last) - 1:
+        # ids at one stride (a rank's share of natural order): the ends and the first step
+        # only, a hint that runs for every task handed out
+        step = int(last[1]) - int(last[0]) if len(last) > 1 else 1
+        if step < 1 or int(last[-1]) - int(last[0]) != (len(last) - 1) * step:
             return
         first = int(np.searchsorted(self._starts, ids[0][0], side="right")) - 1
         following = int(np.searchsorted(self._starts, last[-1], side="right"))

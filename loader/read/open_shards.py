@@ -195,6 +195,11 @@ class OpenShards:
                 one(s)
         return bool(closed)
 
+    @property
+    def max_open(self) -> int:
+        """Shards open, or being opened, at once at most."""
+        return self._max_open
+
     def is_open(self, index: int) -> bool:
         """Whether shard ``index`` is open or being opened: a hint, unlocked, that may
         change right after."""

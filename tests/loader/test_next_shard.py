@@ -69,6 +69,28 @@ def test_the_shard_after_a_natural_task_opens_once_a_batch_opened_one(dataset: P
 
 
 @pytest.mark.timeout(60)
+def test_a_ranks_strided_share_opens_ahead_and_a_source_of_two_open_shards_does_not(
+        dataset: Path) -> None:
+    """A rank's share of natural order (every other id: world size 2) is natural order too;
+    where the source holds at most 2 shards open (a small node cache), opening one ahead
+    would close the least recently used, maybe the one being read: nothing opens ahead."""
+    for max_open, opens in ((256, True), (2, False)):
+        source = ArrowSource(Manifest.load(str(dataset)), columns=COLUMNS, max_open=max_open)
+        try:
+            starts = source._starts
+            source._shards.open(0)
+            source.open_next([np.arange(starts[0] + 1, starts[1], 2, dtype=np.int64)])
+            if opens:
+                _wait_open(source, 1)
+            else:
+                time.sleep(0.2)  # nothing was asked: nothing may open meanwhile
+            assert source._next.opened == int(opens) and sorted(source.opened_shards) == \
+                [0, 1][:1 + opens]
+        finally:
+            source.close()
+
+
+@pytest.mark.timeout(60)
 def test_a_shard_still_opening_ahead_when_the_source_closes_is_not_left_open(
         dataset: Path) -> None:
     """Its open finishes after the source closed: closed again, its opener's context (a
