@@ -13,10 +13,11 @@ reaches it finds it open, or waits for that open (a shard opens once:
 records' build early on a node's first run.
 
 Shuffled batches need every shard from the first batch on (which opens them all, several at
-once: ``OpenShards.open_all``); worker processes get their shards opened before they fork
-(``ArrowSource.open_for_workers``). A shard that cannot be opened ahead is the counted
-fallback ``"open_ahead_failed"``: the batch that reaches it opens it again and raises the
-error there, naming the shard.
+once: ``OpenShards.open_all``). Worker processes get their shards opened by the loader's
+process (``ArrowSource.open_for_workers``): before they fork in the thread that forks them,
+after it in this thread (:meth:`NextShard.open_soon`). A shard that cannot be opened ahead
+is the counted fallback ``"open_ahead_failed"``: the batch that reaches it opens it again
+and raises the error there, naming the shard.
 """
 
 from __future__ import annotations
