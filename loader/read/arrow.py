@@ -38,8 +38,7 @@ from stoker.loader.jit.search import distinct
 from stoker.loader.order.options import OrderOptions
 from stoker.loader.read.arrow_batch import arrow_batch
 from stoker.loader.read.columns import check_categoricals, check_column_names, check_image_column
-from stoker.loader.read.next_shard import NextShard
-from stoker.loader.read.open_shards import OPENERS, OpenShards, ShardOpener
+from stoker.loader.read.open_shards import OPENERS, NextShard, OpenShards, ShardOpener
 from stoker.loader.read.order_plan import record_stride
 from stoker.loader.read.staged_files import StagedFiles
 from stoker.loader.read.staging import Stager
@@ -703,7 +702,7 @@ class ArrowSource:
         they fork, each inherits the maps and checked records instead of opening them again
         (2 M W1 rows: ~130 ms per worker and epoch, mostly mapping and verifying stored
         records); called with every task after (``wait=False``: opened by a background
-        thread, stoker.loader.read.next_shard, while the consumer goes on handing out tasks
+        thread, stoker.loader.read.open_shards.NextShard, while the consumer goes on handing out tasks
         and taking batches; 5 M W1 rows, a first natural run with 2 process workers: opens
         in the consumer's thread held it 0.12-0.45 s at each new shard, 1.45 s of a 4.66 s
         epoch), this process builds and saves the records
@@ -742,7 +741,7 @@ class ArrowSource:
     def open_next(self, ids: Sequence[np.ndarray]) -> None:
         """Called with the tasks handed out to readers in this process (thread workers, the
         reader thread): in natural order, the shard after the last task's opens in the
-        background before a batch reaches it (stoker.loader.read.next_shard). Not while
+        background before a batch reaches it (stoker.loader.read.open_shards.NextShard). Not while
         rounds are staged (the stager reads what opens)."""
         if self._stager is None:
             self._next(ids)
