@@ -338,9 +338,11 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
         return getattr(self._source, "open_for_workers", None)
 
     def _open_next(self) -> Callable[[list[np.ndarray]], None] | None:
-        """Where this process reads the batches (thread workers, the reader thread), what
-        opens natural order's next shard before a batch reaches it (ArrowSource.open_next)."""
-        if self._service is not None or self.num_workers and self.worker_mode == "process":
+        """In natural order, where this process reads the batches (thread workers, the
+        reader thread), what opens the next shard before a batch reaches it
+        (ArrowSource.open_next)."""
+        if self.order_options.shuffle or self._service is not None or \
+                self.num_workers and self.worker_mode == "process":
             return None
         return getattr(self._source, "open_next", None)
 
