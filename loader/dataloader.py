@@ -308,10 +308,8 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
             steps = range(cursor.step, len(batches))
             where = dict(sampler=sampler, batched=self.batch_sampler is not None)
         open_ahead = self._open_ahead() if "ids" in where else None
-        if open_ahead is None and "ids" in where:
-            where["open_ahead"] = self._open_next()
-        elif open_ahead is not None:  # once forked, in the background
-            where["open_ahead"] = functools.partial(open_ahead, wait=False)
+        if open_ahead is not None:
+            where["open_ahead"] = functools.partial(open_ahead, wait=False)  # once forked
             if self._pool is None:
                 # the shards of the workers' first tasks open here and the workers inherit
                 # them; their records build after the forks (a fork waits for a build)
@@ -322,6 +320,8 @@ class DataLoader(WorldPlan, Resumable, TorchDataLoader[T_co]):
                     if len(first):
                         open_ahead([where["ids"](step) for step in first])
                     self._get_pool()
+        elif "ids" in where:
+            where["open_ahead"] = self._open_next()
         pool = self._get_pool()
         group = self._group() if hasattr(pool, "submit_group") else 1
         depth = getattr(pool, "depth", 0) or max(self.num_workers, 1) * self._prefetch * group

@@ -702,11 +702,11 @@ class ArrowSource:
         they fork, each inherits the maps and checked records instead of opening them again
         (2 M W1 rows: ~130 ms per worker and epoch, mostly mapping and verifying stored
         records); called with every task after (``wait=False``: opened by a background
-        thread, stoker.loader.read.open_shards.NextShard, while the consumer goes on handing out tasks
-        and taking batches; 5 M W1 rows, a first natural run with 2 process workers: opens
-        in the consumer's thread held it 0.12-0.45 s at each new shard, 1.45 s of a 4.66 s
-        epoch), this process builds and saves the records
-        of the shards the workers reach, which they map once saved (a forked worker builds
+        thread, stoker.loader.read.open_shards.NextShard, while the consumer goes on handing
+        out tasks and taking batches; 5 M W1 rows, a first natural run with 2 process
+        workers: opens in the consumer's thread held it 0.12-0.45 s at each new shard,
+        1.45 s of a 4.66 s epoch), this process builds and saves the records of the shards
+        the workers reach, which they map once saved (a forked worker builds
         none under ``row_major="auto"``: N workers would hold N private copies); in natural
         order the shard after a task's last also opens, so that its records are built while
         the workers read this one's (they wait for them, :meth:`_wait_for_records`). Local
@@ -741,8 +741,8 @@ class ArrowSource:
     def open_next(self, ids: Sequence[np.ndarray]) -> None:
         """Called with the tasks handed out to readers in this process (thread workers, the
         reader thread): in natural order, the shard after the last task's opens in the
-        background before a batch reaches it (stoker.loader.read.open_shards.NextShard). Not while
-        rounds are staged (the stager reads what opens)."""
+        background before a batch reaches it (stoker.loader.read.open_shards.NextShard).
+        Not while rounds are staged (the stager reads what opens)."""
         if self._stager is None:
             self._next(ids)
 

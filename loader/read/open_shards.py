@@ -230,13 +230,10 @@ class OpenShards:
     def close(self, index: int) -> None:
         """Close shard ``index`` if it is open (its handle exited: a cache pin released)."""
         with self._lock:
-            entry = self._open.pop(index, None)
-            if entry is None:
+            if index not in self._open:
                 return
-            self.data.pop(index, None)
-            self._on_dropped(index)
-            self._lock.notify_all()
-        entry[1].__exit__(None, None, None)
+            handle = self._drop_locked(index)
+        handle.__exit__(None, None, None)
 
     def touch(self, shards: np.ndarray) -> None:
         """Mark open ``shards`` as just used (a records read uses them without :meth:`table`)."""
@@ -262,9 +259,13 @@ class OpenShards:
 
     def _evict_oldest_locked(self) -> AbstractContextManager[str]:
         """Drop the least recently used open shard; returns its handle to close unlocked."""
-        evicted, (_, handle) = self._open.popitem(last=False)
-        self.data.pop(evicted, None)
-        self._on_dropped(evicted)
+        return self._drop_locked(next(iter(self._open)))
+
+    def _drop_locked(self, index: int) -> AbstractContextManager[str]:
+        """Drop open shard ``index``; returns its handle to close unlocked."""
+        _, handle = self._open.pop(index)
+        self.data.pop(index, None)
+        self._on_dropped(index)
         self._lock.notify_all()
         return handle
 
@@ -385,8 +386,7 @@ class NextShard:
             return
         first = int(np.searchsorted(self._starts, ids[0][0], side="right")) - 1
         following = int(np.searchsorted(self._starts, last[-1], side="right"))
-        self.open_soon([s for s in range(max(first, 0), min(following + 1,
-                                                            len(self._starts) - 1))])
+        self.open_soon(range(first, min(following + 1, len(self._starts) - 1)))
 
     def open_soon(self, shards: Sequence[int]) -> None:
         """Open ``shards`` (those not open yet) in the background thread, in order."""
@@ -394,16 +394,14 @@ class NextShard:
         if not wanted:
             return
         with self._lock:
-            if self._closed:
-                return
             wanted = [s for s in wanted if s not in self._asked]
+            if self._closed or not wanted:
+                return
             self._asked.update(wanted)
-            if wanted and (self._pool is None or self._pool[0] != os.getpid()):
+            if self._pool is None or self._pool[0] != os.getpid():
                 self._pool = (os.getpid(),  # a forked child starts its own
                               ThreadPoolExecutor(1, thread_name_prefix="stoker-next-shard"))
-            pool = self._pool[1] if wanted and self._pool is not None else None
-        if pool is None:
-            return
+            pool = self._pool[1]
         for index in wanted:
             try:
                 done = pool.submit(self._open, index)
